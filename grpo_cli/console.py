@@ -1,0 +1,17 @@
+"""Shared Rich console: people read stderr, machine-readable data goes to files or stdout."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+console = Console(stderr=True, highlight=False)
+
+
+def print_problems(problems: list[str]) -> None:
+    """Print user mistakes, one per line, with no traceback."""
+    if len(problems) == 1:
+        console.print(f"[bold red]error:[/] {problems[0]}", soft_wrap=True)
+        return
+    console.print(f"[bold red]error:[/] {len(problems)} problems", soft_wrap=True)
+    for problem in problems:
+        console.print(f"  - {problem}", soft_wrap=True)

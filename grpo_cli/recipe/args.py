@@ -1,0 +1,102 @@
+"""The recipe keys grpo adds to TRL's `ModelConfig`, `GRPOConfig` and `SFTConfig`.
+
+These dataclasses import nothing heavy, so `grpo check` can read their fields without loading torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class TaskArguments:
+    """Which task turns dataset rows into prompts, and where its rows come from."""
+
+    task: str = field(
+        default="countdown",
+        metadata={"help": "Registered task that builds prompts and knows the answer columns (see `grpo tasks`)."},
+    )
+    dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "Hub dataset id, or a local .jsonl/.json/.parquet file or folder. Default: the task's own dataset."
+        },
+    )
+    dataset_config: str | None = field(default=None, metadata={"help": "Dataset configuration name on the Hub."})
+    dataset_train_split: str = field(default="train", metadata={"help": "Split used for training."})
+    dataset_test_split: str = field(default="test", metadata={"help": "Split used by `grpo eval`."})
+    dataset_test_size: float = field(
+        default=0.0,
+        metadata={
+            "help": "When the dataset has no test split, hold out this many rows (>= 1) or this share (< 1) of the "
+            "train split as the test split, with `dataset_seed`. Training never sees them."
+        },
+    )
+    dataset_generate: int = field(
+        default=0,
+        metadata={"help": "Generate this many rows with the task's own generator (countdown) instead of loading data."},
+    )
+    dataset_seed: int = field(default=0, metadata={"help": "Seed for generated data and for the held-out test split."})
+    max_samples: int | None = field(default=None, metadata={"help": "Use at most this many training rows."})
+    system_prompt: str | None = field(
+        default=None, metadata={"help": "System message for every prompt. Default: the task's own; '' for none."}
+    )
+    prompt_column: str | None = field(
+        default=None, metadata={"help": "Use this dataset column as the user message, as it is."}
+    )
+    prompt_template: str | None = field(
+        default=None,
+        metadata={"help": "User message as a Python format string over the row's columns, e.g. 'Solve: {question}'."},
+    )
+    prefill: str | None = field(
+        default=None,
+        metadata={"help": "Text the assistant turn starts with (rewards account for it). Default: the task's; '' for none."},
+    )
+    chat_template: str | None = field(
+        default=None,
+        metadata={"help": "Chat template (Jinja text or a path to a .jinja file) for models without one."},
+    )
+
+
+@dataclass
+class RewardArguments:
+    """Which rewards score completions (weights are GRPOConfig's `reward_weights`)."""
+
+    reward_funcs: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Registered reward names, or 'package.module:function' / 'path/file.py:function'. "
+            "Default: the task's rewards (see `grpo rewards list`)."
+        },
+    )
+    reward_timeout: float = field(
+        default=2.0,
+        metadata={"help": "Seconds one reward may spend on a batch before its completions get the failure value."},
+    )
+
+
+@dataclass
+class TrackingArguments:
+    """Experiment tracking (SwanLab) and what the console shows during a run."""
+
+    swanlab: bool = field(default=False, metadata={"help": "Log the run to SwanLab."})
+    swanlab_project: str = field(default="grpo", metadata={"help": "SwanLab project name."})
+    swanlab_experiment: str | None = field(
+        default=None, metadata={"help": "SwanLab experiment name. Default: the run name or the output folder's name."}
+    )
+    swanlab_workspace: str | None = field(default=None, metadata={"help": "SwanLab workspace (organisation)."})
+    swanlab_mode: Literal["cloud", "local", "offline", "disabled"] = field(
+        default="cloud",
+        metadata={"help": "cloud needs an API key; local and offline write files only; disabled logs nothing."},
+    )
+    swanlab_logdir: str | None = field(
+        default=None, metadata={"help": "Folder for SwanLab's files. Default: OUTPUT_DIR/swanlog."}
+    )
+    sample_every: int = field(
+        default=10, metadata={"help": "Show a few sample completions with their rewards every N steps (0: never)."}
+    )
+    sample_count: int = field(default=2, metadata={"help": "How many sample completions to show each time."})
+
+
+OWN_ARGUMENTS = {"task": TaskArguments, "reward": RewardArguments, "tracking": TrackingArguments}
