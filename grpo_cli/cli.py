@@ -54,3 +54,62 @@ def main() -> None:
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+# --- recipes -----------------------------------------------------------------------------------------------------
+
+recipes_app = typer.Typer(help="Built-in recipes: list them, print one to copy, list the keys a recipe may hold.")
+app.add_typer(recipes_app, name="recipes")
+
+
+@recipes_app.command("list")
+def recipes_list() -> None:
+    """List the built-in recipes with a one-line description."""
+    from grpo_cli.recipe.show import print_recipe_list
+
+    print_recipe_list()
+
+
+@recipes_app.command("show")
+def recipes_show(name: Annotated[str, typer.Argument(help="Built-in recipe name, e.g. countdown.")]) -> None:
+    """Print a built-in recipe (redirect it to a file to start your own)."""
+    from grpo_cli.recipe import find_recipe
+
+    sys.stdout.write(find_recipe(name).read_text(encoding="utf-8"))
+
+
+@recipes_app.command("keys")
+def recipes_keys(
+    command: Annotated[str, typer.Argument(help="rl or sft.")] = "rl",
+    search: Annotated[Optional[str], typer.Option("--search", "-s", help="Only keys containing this text.")] = None,
+) -> None:
+    """List the keys a recipe for `grpo rl` or `grpo sft` may hold, with type, default and help."""
+    from grpo_cli.recipe.show import print_keys
+
+    print_keys(command, search)
+
+
+# --- check -------------------------------------------------------------------------------------------------------
+
+
+@app.command(context_settings=EXTRA_ARGS)
+def check(
+    ctx: typer.Context,
+    config: Annotated[str, RECIPE_OPTION],
+    command: Annotated[
+        Optional[str], typer.Option("--command", help="Check as an `rl` or `sft` recipe (default: guessed from its keys).")
+    ] = None,
+    num_processes: Annotated[
+        Optional[int], typer.Option("--num-processes", help="Processes the run will use (default: from the environment or 1).")
+    ] = None,
+    accelerate_config: Annotated[
+        Optional[str], typer.Option("--accelerate-config", help="accelerate config file the run will use.")
+    ] = None,
+) -> None:
+    """Validate a recipe without loading a model or a dataset, and print the resolved plan.
+
+    Keys after the recipe override it: `grpo check -c countdown --learning_rate 1e-6`.
+    """
+    from grpo_cli.recipe.show import check_and_show, guess_command
+
+    check_and_show(config, ctx.args, command or guess_command(config), num_processes, accelerate_config)

@@ -1,0 +1,192 @@
+"""Checks that need several keys at once, and the plan a recipe resolves to. Nothing heavy is loaded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grpo_cli.errors import UserError
+from grpo_cli.recipe.load import Recipe
+
+LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".arrow")
+
+
+@dataclass
+class Plan:
+    """What a run of the recipe will do, as rows of (what, value) for people."""
+
+    rows: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _looks_local(value: str) -> bool:
+    return value.startswith(("/", "./", "../", "~")) or value.endswith(LOCAL_SUFFIXES)
+
+
+def reward_names(recipe: Recipe) -> list[str]:
+    """The recipe's rewards: `reward_funcs`, or the task's defaults."""
+    from grpo_cli.tasks import TASKS
+
+    names = list(recipe.values.get("reward_funcs") or [])
+    task = TASKS.get(recipe.task.task)
+    return names or (list(task.default_rewards) if task else [])
+
+
+def _file_problems(recipe: Recipe) -> list[str]:
+    problems = []
+    for key in ("dataset_name", "model_name_or_path", "chat_template", "deepspeed", "resume_from_checkpoint"):
+        value = recipe.values.get(key)
+        if not isinstance(value, str) or not value:
+            continue
+        if key == "chat_template" and not value.endswith((".jinja", ".j2")):
+            continue  # inline template text
+        if key in ("model_name_or_path", "dataset_name") and not _looks_local(value):
+            continue  # a Hub id or a short model name: checked when loaded
+        if key == "resume_from_checkpoint" and value.lower() in ("true", "false"):
+            continue
+        if not Path(value).expanduser().exists():
+            problems.append(f"{recipe.where(key)}: `{key}`: no such file or folder: {value}")
+    return problems
+
+
+def generation_batch(values: dict, num_processes: int) -> tuple[int, int]:
+    """(generation batch, steps per generation) as GRPOConfig derives them for this many processes."""
+    per_device = values.get("per_device_train_batch_size")
+    accumulation = values.get("gradient_accumulation_steps")
+    gen_batch, steps = values.get("generation_batch_size"), values.get("steps_per_generation")
+    if gen_batch is None:
+        steps = steps or accumulation
+        return per_device * num_processes * steps, steps
+    return gen_batch, (steps or gen_batch // max(1, per_device * num_processes))
+
+
+def _batch_problems(recipe: Recipe, num_processes: int) -> list[str]:
+    values = recipe.resolved()
+    problems = []
+    num_generations = values.get("num_generations")
+    where = recipe.where("num_generations" if "num_generations" in recipe.values else "per_device_train_batch_size")
+    if num_generations < 2:
+        problems.append(f"{recipe.where('num_generations')}: `num_generations` must be at least 2 (GRPO compares "
+                        "completions of the same prompt)")
+    if values.get("generation_batch_size") is not None and values.get("steps_per_generation") is not None:
+        problems.append(f"{recipe.where('steps_per_generation')}: set `generation_batch_size` or "
+                        "`steps_per_generation`, not both")
+        return problems
+    per_device = values.get("per_device_train_batch_size")
+    gen_batch, _ = generation_batch(values, num_processes)
+    if gen_batch % (per_device * num_processes):
+        problems.append(
+            f"{recipe.where('generation_batch_size')}: `generation_batch_size` ({gen_batch}) must be divisible by "
+            f"per_device_train_batch_size x processes ({per_device} x {num_processes})"
+        )
+    if num_generations >= 2 and gen_batch % num_generations:
+        problems.append(
+            f"{where}: the generation batch ({_batch_formula(values, num_processes)} = {gen_batch}) is not divisible "
+            f"by `num_generations` ({num_generations}) - make per_device_train_batch_size x processes x "
+            f"gradient_accumulation_steps a multiple of {num_generations}"
+        )
+    return problems
+
+
+def _batch_formula(values: dict, num_processes: int) -> str:
+    if values.get("generation_batch_size") is not None:
+        return "generation_batch_size"
+    steps = values.get("steps_per_generation") or values.get("gradient_accumulation_steps")
+    return f"{values.get('per_device_train_batch_size')} per device x {num_processes} processes x {steps} steps"
+
+
+def _reward_problems(recipe: Recipe) -> list[str]:
+    from grpo_cli.rewards import reward_names_problems
+
+    names = reward_names(recipe)
+    problems = [f"{recipe.where('reward_funcs')}: {p}" for p in reward_names_problems(names)]
+    weights = recipe.values.get("reward_weights")
+    if weights is not None and len(weights) != len(names):
+        problems.append(
+            f"{recipe.where('reward_weights')}: {len(weights)} `reward_weights` for {len(names)} rewards "
+            f"({', '.join(names)}) - give one weight per reward"
+        )
+    if not names:
+        problems.append(f"{recipe.where('reward_funcs')}: no rewards - list some in `reward_funcs`")
+    return problems
+
+
+def check_recipe(
+    recipe: Recipe, num_processes: int = 1, accelerate_config: dict | None = None, problems: list[str] | None = None
+) -> Plan:
+    """Check what a single key can't tell; raise UserError with every problem (and those given), or return the plan."""
+    from grpo_cli.tasks import TASKS
+
+    problems = list(problems or []) + _file_problems(recipe)
+    task_name = recipe.task.task
+    if task_name not in TASKS:
+        problems.append(
+            f"{recipe.where('task')}: unknown task `{task_name}` - one of {', '.join(sorted(TASKS))}"
+        )
+    if "model_name_or_path" not in recipe.values:
+        problems.append(f"{recipe.path or 'recipe'}: `model_name_or_path` is missing - name a model to train")
+    if recipe.command == "rl":
+        problems += _batch_problems(recipe, num_processes)
+        problems += _reward_problems(recipe)
+    if problems:
+        raise UserError(*problems)
+    return build_plan(recipe, num_processes, accelerate_config)
+
+
+def build_plan(recipe: Recipe, num_processes: int, accelerate_config: dict | None) -> Plan:
+    from grpo_cli.launch import launch_warnings
+
+    v = recipe.resolved()
+    task = recipe.task
+    per_device = v["per_device_train_batch_size"]
+    accumulation = v["gradient_accumulation_steps"]
+    if task.dataset_generate:
+        dataset = f"{task.dataset_generate} generated {task.task} rows (seed {task.dataset_seed})"
+    else:
+        from grpo_cli.tasks import TASKS
+
+        default = TASKS[task.task].default_dataset if task.task in TASKS else "?"
+        dataset = f"{task.dataset_name or default} [{task.dataset_train_split}]"
+    if task.max_samples:
+        dataset += f", first {task.max_samples} rows"
+    model = v["model_name_or_path"] or "?"
+    if v.get("use_peft"):
+        model += f"  (LoRA r={v.get('lora_r')}, alpha={v.get('lora_alpha')})"
+    if v.get("load_in_4bit"):
+        model += "  (4-bit, QLoRA)"
+    rows = [
+        ("command", f"grpo {recipe.command}"),
+        ("recipe", str(recipe.path) if recipe.path else "(command line only)"),
+        ("model", model),
+        ("dtype", v["dtype"] or "float32 (not set: TRL's default)"),
+        ("task", task.task),
+        ("dataset", dataset),
+    ]
+    if recipe.command == "rl":
+        names = reward_names(recipe)
+        weights = v.get("reward_weights") or [1.0] * len(names)
+        rows.append(("rewards", ", ".join(f"{n} x {w:g}" for n, w in zip(names, weights))))
+        gen_batch, steps = generation_batch(v, num_processes)
+        num_generations = v.get("num_generations")
+        rows += [
+            ("effective batch", f"{per_device} per device x {num_processes} processes x {accumulation} accumulation "
+                                f"= {per_device * num_processes * accumulation} completions per optimizer step"),
+            ("generations", f"{num_generations} per prompt, {gen_batch // num_generations} prompts per generation "
+                            f"batch of {gen_batch}, up to {v.get('max_completion_length')} tokens"),
+            ("algorithm", f"loss {v.get('loss_type')}, beta {v.get('beta')}, "
+                          f"lr {v.get('learning_rate'):g} ({v.get('lr_scheduler_type')})"),
+        ]
+    else:
+        rows += [
+            ("effective batch", f"{per_device} per device x {num_processes} processes x {accumulation} accumulation "
+                                f"= {per_device * num_processes * accumulation} sequences per optimizer step"),
+            ("sequence length", str(v["max_length"])),
+            ("algorithm", f"lr {v.get('learning_rate'):g} ({v.get('lr_scheduler_type')})"),
+        ]
+    max_steps = v["max_steps"]
+    rows.append(("steps", str(max_steps) if max_steps and max_steps > 0 else f"{v.get('num_train_epochs'):g} epochs"))
+    rows.append(("checkpoints", f"every {v.get('save_steps')} steps, keep {v.get('save_total_limit')}"))
+    if recipe.tracking.swanlab:
+        rows.append(("tracking", f"SwanLab ({recipe.tracking.swanlab_mode}), project {recipe.tracking.swanlab_project}"))
+    rows.append(("output", str(v["output_dir"])))
+    return Plan(rows=rows, warnings=recipe.warnings + launch_warnings(v, accelerate_config))

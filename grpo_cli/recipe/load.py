@@ -1,0 +1,326 @@
+"""Read a recipe: YAML file + command-line overrides -> typed values, each remembering where it came from.
+
+A recipe is one flat YAML mapping, as TrlParser reads it: keys of `trl.ModelConfig`, of `GRPOConfig` (for `grpo rl`)
+or `SFTConfig` (for `grpo sft`), and of grpo's own dataclasses, plus an optional `env:` mapping of environment
+variables. Keys given after the recipe on the command line (`--learning_rate 1e-6`) override the file.
+Every problem found is collected and reported at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grpo_cli.errors import UserError
+from grpo_cli.recipe import schema
+from grpo_cli.recipe.args import RewardArguments, TaskArguments, TrackingArguments
+
+COMMAND_NAMES = {"rl": "grpo rl", "sft": "grpo sft"}
+TRUE, FALSE = {"true", "yes", "1", "on"}, {"false", "no", "0", "off"}
+
+# Defaults grpo uses where TRL's own do not suit a command-line tool; a recipe or override always wins.
+PROJECT_DEFAULTS = {
+    "report_to": "none",  # tracking goes through our own SwanLab integration (`swanlab: true`)
+    "logging_steps": 1,
+    "save_strategy": "steps",
+    "save_steps": 50,
+    "save_total_limit": 3,
+    "disable_tqdm": True,  # grpo draws its own progress bar
+    "log_completions": False,  # grpo prints sample completions itself
+}
+
+
+@dataclass
+class Recipe:
+    """A loaded recipe: values set by the file, the command line and grpo's defaults, and where each came from."""
+
+    command: str
+    path: Path | None
+    values: dict[str, Any]
+    locations: dict[str, str]
+    env: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.path.stem if self.path else "recipe"
+
+    def resolved(self) -> dict[str, Any]:
+        """Every key's value: set by the recipe, or the library's default."""
+        defaults = {key: spec.get("default") for key, spec in schema.keys(self.command).items()}
+        return {**defaults, **self.values}
+
+    def where(self, key: str) -> str:
+        return self.locations.get(key, "default")
+
+    def _build(self, cls: type, **extra: Any) -> Any:
+        names = {f.name for f in dataclasses.fields(cls) if f.init}
+        return cls(**{k: v for k, v in self.values.items() if k in names}, **extra)
+
+    @property
+    def task(self) -> TaskArguments:
+        return self._build(TaskArguments)
+
+    @property
+    def reward(self) -> RewardArguments:
+        return self._build(RewardArguments)
+
+    @property
+    def tracking(self) -> TrackingArguments:
+        return self._build(TrackingArguments)
+
+    def model_config(self):
+        """TRL's ModelConfig for this recipe (imports trl)."""
+        from trl import ModelConfig
+
+        return self._build(ModelConfig)
+
+    def training_config(self):
+        """TRL's GRPOConfig or SFTConfig for this recipe (imports trl)."""
+        from trl import GRPOConfig, SFTConfig
+
+        return self._build(GRPOConfig if self.command == "rl" else SFTConfig)
+
+    def apply_env(self) -> None:
+        """Set the recipe's `env:` section in the environment, as TrlParser does."""
+        os.environ.update(self.env)
+
+    def to_yaml(self) -> str:
+        """The resolved recipe as YAML (what a rerun with the same settings needs)."""
+        doc = dict(sorted(self.values.items()))
+        if self.env:
+            doc["env"] = self.env
+        return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
+
+
+def recipe_dirs() -> list[Path]:
+    """Where built-in recipes live: inside an installed wheel, or at the top of a source checkout."""
+    package = Path(__file__).resolve().parent.parent
+    return [d for d in (package / "_recipes", package.parent / "recipes") if d.is_dir()]
+
+
+def builtin_recipes() -> dict[str, Path]:
+    """Built-in recipes by name (`countdown`, `demo/countdown-rl`, ...)."""
+    found: dict[str, Path] = {}
+    for root in recipe_dirs():
+        for path in sorted(root.rglob("*.yaml")):
+            found.setdefault(path.relative_to(root).with_suffix("").as_posix(), path)
+    return found
+
+
+def find_recipe(path_or_name: str) -> Path:
+    """A recipe file path, or the name of a built-in recipe."""
+    path = Path(path_or_name).expanduser()
+    if path.is_file():
+        return path
+    builtin = builtin_recipes()
+    if path_or_name in builtin:
+        return builtin[path_or_name]
+    hint = difflib.get_close_matches(path_or_name, list(builtin), n=1)
+    suggestion = f"did you mean `{hint[0]}`? " if hint else ""
+    raise UserError(
+        f"recipe not found: {path_or_name} - {suggestion}give a YAML file path or a built-in name (`grpo recipes list`)"
+    )
+
+
+def _read_yaml(path: Path) -> tuple[dict, dict[str, int], list[str]]:
+    """Top-level mapping of a YAML file, the line of each key, and problems (duplicates)."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise UserError(f"{path}{line}: not valid YAML ({problem}) - fix the syntax") from None
+    if data is None:
+        return {}, {}, []
+    if not isinstance(data, dict) or not isinstance(node, yaml.MappingNode):
+        raise UserError(f"{path}:1: a recipe is a mapping of `key: value` lines - found a {type(data).__name__}")
+    lines: dict[str, int] = {}
+    problems = []
+    for key_node, _ in node.value:
+        key = str(key_node.value)
+        line = key_node.start_mark.line + 1
+        if key in lines:
+            problems.append(f"{path}:{line}: `{key}` is set twice (first on line {lines[key]}) - keep one")
+        lines[key] = line
+    return {str(k): v for k, v in data.items()}, lines, problems
+
+
+def _split_overrides(tokens: list[str]) -> tuple[list[tuple[str, list[str]]], list[str]]:
+    """`--key value`, `--key=value`, `--flag`, `--key v1 v2` -> [(key, [values])]."""
+    pairs: list[tuple[str, list[str]]] = []
+    problems = []
+    for token in tokens:
+        if token.startswith("--") and len(token) > 2:
+            key, eq, value = token[2:].partition("=")
+            pairs.append((key.replace("-", "_"), [value] if eq else []))
+        elif pairs:
+            pairs[-1][1].append(token)
+        else:
+            problems.append(f"command line: `{token}` is not an option - overrides look like `--learning_rate 1e-6`")
+    return pairs, problems
+
+
+def _convert_text(text: str, kind: str) -> Any:
+    """A command-line string as the key's type (raises ValueError)."""
+    if kind == "bool":
+        low = text.lower()
+        if low in TRUE | FALSE:
+            return low in TRUE
+        raise ValueError
+    if kind == "int":
+        return int(text)
+    if kind == "float":
+        return float(text)
+    if kind == "str":
+        return None if text.lower() in ("none", "null") else text
+    return yaml.safe_load(text)
+
+
+def _override_value(key: str, spec: dict, texts: list[str]) -> Any:
+    kind = spec["type"]
+    if kind == "bool" and not texts:
+        return True
+    if not texts:
+        raise ValueError
+    if kind == "list":
+        if len(texts) == 1 and texts[0].lstrip().startswith("["):
+            return yaml.safe_load(texts[0])
+        return [_convert_text(t, spec.get("item", "any")) for t in texts]
+    if len(texts) > 1:
+        raise ValueError
+    return _convert_text(texts[0], kind)
+
+
+def _type_name(spec: dict) -> str:
+    if spec["type"] == "list":
+        return f"a list of {spec.get('item', 'any')}"
+    return {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string", "dict": "a mapping"}.get(
+        spec["type"], "a value"
+    )
+
+
+def coerce(value: Any, spec: dict) -> Any:
+    """Check a value against its key's spec; returns it converted (e.g. YAML's string `1e-6` -> float), or raises
+    ValueError with what was expected."""
+    choices = spec.get("choices")
+    if value is None:
+        return None
+    if choices is not None and value in choices:
+        return value
+    kind = spec["type"]
+    if kind == "bool" and isinstance(value, bool):
+        return value
+    if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if kind == "float" and not isinstance(value, bool):
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    if kind == "str" and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        if choices is None:
+            return str(value)
+    if kind == "list":
+        items = value if isinstance(value, list) else [value]
+        item_spec = {"type": spec.get("item", "any")}
+        return [coerce(item, item_spec) for item in items]
+    if kind == "dict" and isinstance(value, dict):
+        return value
+    if kind == "any":
+        return value
+    if choices is not None:
+        raise ValueError("one of " + ", ".join(str(c) for c in choices))
+    raise ValueError(_type_name(spec))
+
+
+def _unknown_key_problem(key: str, command: str, where: str) -> str:
+    if key in schema.RENAMED:
+        return f"{where}: `{key}` was {schema.RENAMED[key]}"
+    other = "sft" if command == "rl" else "rl"
+    if key in schema.keys(other):
+        return (
+            f"{where}: `{key}` is a `{COMMAND_NAMES[other]}` key, not a `{COMMAND_NAMES[command]}` one - "
+            f"remove it, or run the recipe with `{COMMAND_NAMES[other]}`"
+        )
+    close = difflib.get_close_matches(key, list(schema.keys(command)), n=1, cutoff=0.75)
+    hint = f"did you mean `{close[0]}`?" if close else f"`grpo recipes keys {command}` lists them"
+    return f"{where}: unknown key `{key}` - {hint}"
+
+
+def load_recipe(path_or_name: str | None, overrides: list[str] | None = None, command: str = "rl") -> Recipe:
+    """Load and type-check a recipe (no model, no dataset). Raises UserError listing every problem found."""
+    recipe, problems = read_recipe(path_or_name, overrides, command)
+    if problems:
+        raise UserError(*problems)
+    return recipe
+
+
+def read_recipe(
+    path_or_name: str | None, overrides: list[str] | None = None, command: str = "rl"
+) -> tuple[Recipe, list[str]]:
+    """Load a recipe, keeping the keys that are valid; returns it with the problems of the others."""
+    if command not in schema.COMMANDS:
+        raise ValueError(f"unknown command {command!r}")
+    keys = schema.keys(command)
+    problems: list[str] = []
+    raw: dict[str, Any] = {}
+    locations: dict[str, str] = {}
+    env: dict[str, str] = {}
+    path = None
+    if path_or_name:
+        path = find_recipe(path_or_name)
+        data, lines, problems = _read_yaml(path)
+        env_section = data.pop("env", None) or {}
+        if not isinstance(env_section, dict):
+            problems.append(f"{path}:{lines.get('env', 1)}: `env` must be a mapping of NAME: value")
+        else:
+            env = {str(k): str(v) for k, v in env_section.items()}
+        for key, value in data.items():
+            raw[key] = value
+            locations[key] = f"{path}:{lines.get(key, 1)}"
+    pairs, cli_problems = _split_overrides(list(overrides or []))
+    problems += cli_problems
+    for key, texts in pairs:
+        where = f"command line `--{key}`"
+        if key not in keys:
+            problems.append(_unknown_key_problem(key, command, where))
+            continue
+        try:
+            raw[key] = _override_value(key, keys[key], texts)
+        except (ValueError, yaml.YAMLError):
+            problems.append(f"{where}: expected {_type_name(keys[key])}, got {' '.join(texts) or 'nothing'}")
+            continue
+        locations[key] = "command line"
+
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        where = locations[key] if locations[key] != "command line" else f"command line `--{key}`"
+        if key not in keys:
+            problems.append(_unknown_key_problem(key, command, where))
+            continue
+        try:
+            values[key] = coerce(value, keys[key])
+        except ValueError as err:
+            problems.append(f"{where}: `{key}` must be {err}, got {value!r}")
+
+    for key, value in PROJECT_DEFAULTS.items():
+        if key in keys and key not in values:
+            values[key] = value
+            locations[key] = "grpo default"
+    if "output_dir" not in values:
+        values["output_dir"] = str(Path("outputs") / (path.stem if path else "run"))
+        locations["output_dir"] = "grpo default"
+    return Recipe(command=command, path=path, values=values, locations=locations, env=env), problems

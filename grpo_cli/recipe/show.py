@@ -1,0 +1,106 @@
+"""What `grpo check` and `grpo recipes` print: plans, recipe lists and key tables, for people (stderr)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from rich.table import Table
+
+from grpo_cli.console import console
+from grpo_cli.errors import UserError
+from grpo_cli.recipe import schema
+from grpo_cli.recipe.check import Plan, check_recipe
+from grpo_cli.recipe.load import Recipe, builtin_recipes, find_recipe, read_recipe
+
+
+def description(path: Path) -> str:
+    """A recipe's description: its first comment line."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+        if line.strip():
+            break
+    return ""
+
+
+def guess_command(path_or_name: str) -> str:
+    """`sft` when a recipe holds more SFT-only keys than GRPO-only keys, else `rl`."""
+    try:
+        data = yaml.safe_load(find_recipe(path_or_name).read_text(encoding="utf-8"))
+    except yaml.YAMLError:
+        return "rl"
+    if not isinstance(data, dict):
+        return "rl"
+    rl, sft = set(schema.keys("rl")), set(schema.keys("sft"))
+    return "sft" if len(set(data) & (sft - rl)) > len(set(data) & (rl - sft)) else "rl"
+
+
+def print_recipe_list() -> None:
+    table = Table(title="Built-in recipes", title_justify="left")
+    table.add_column("name", style="bold cyan")
+    table.add_column("command")
+    table.add_column("description")
+    for name, path in builtin_recipes().items():
+        table.add_row(name, f"grpo {guess_command(str(path))}", description(path))
+    console.print(table)
+    console.print("Run one with `grpo rl --config NAME`; copy one with `grpo recipes show NAME > my.yaml`.")
+
+
+def print_keys(command: str, search: str | None) -> None:
+    if command not in schema.COMMANDS:
+        raise UserError(f"unknown command `{command}` - use rl or sft")
+    table = Table(title=f"Recipe keys of grpo {command}", title_justify="left")
+    for column in ("key", "from", "type", "default", "help"):
+        table.add_column(column, overflow="fold")
+    for key, spec in sorted(schema.keys(command).items(), key=lambda kv: (kv[1]["group"], kv[0])):
+        if search and search not in key:
+            continue
+        kind = spec["type"] + (f" of {spec['item']}" if "item" in spec else "")
+        if "choices" in spec:
+            kind = " | ".join(map(str, spec["choices"][:8])) + (" | ..." if len(spec["choices"]) > 8 else "")
+        table.add_row(key, spec["group"], kind, repr(spec.get("default")), spec.get("help", "")[:120])
+    console.print(table)
+
+
+def print_plan(recipe: Recipe, plan: Plan) -> None:
+    table = Table(title=f"Plan: {recipe.name}", title_justify="left", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for what, value in plan.rows:
+        table.add_row(what, value)
+    console.print(table)
+    for warning in plan.warnings:
+        console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
+
+
+def load_accelerate_config(path: str | None) -> dict | None:
+    if not path:
+        return None
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise UserError(f"--accelerate-config: no such file: {path}")
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise UserError(f"{path}: not valid YAML ({err}) - fix the syntax") from None
+    return data if isinstance(data, dict) else {}
+
+
+def check_and_show(
+    config: str | None,
+    overrides: list[str],
+    command: str,
+    num_processes: int | None = None,
+    accelerate_config: str | None = None,
+    show: bool = True,
+) -> tuple[Recipe, Plan]:
+    """Load and check a recipe, print its plan; raises UserError with every problem found."""
+    from grpo_cli.launch import num_processes as count_processes
+
+    recipe, problems = read_recipe(config, overrides, command)
+    processes = count_processes(accelerate_config, num_processes)
+    plan = check_recipe(recipe, processes, load_accelerate_config(accelerate_config), problems)
+    if show:
+        print_plan(recipe, plan)
+    return recipe, plan
