@@ -89,6 +89,86 @@ def recipes_keys(
     print_keys(command, search)
 
 
+# --- training ----------------------------------------------------------------------------------------------------
+
+NUM_PROCESSES = typer.Option(
+    "--num-processes", help="Run on N processes (GPUs): grpo re-launches itself through `accelerate launch`."
+)
+ACCELERATE_CONFIG = typer.Option(
+    "--accelerate-config", help="accelerate config (a file, or a name from configs/accelerate such as zero3)."
+)
+
+
+def _train(
+    command: str,
+    ctx: typer.Context,
+    config: str,
+    dry_run: bool,
+    resume: bool,
+    overwrite: bool,
+    num_processes: Optional[int],
+    accelerate_config: Optional[str],
+) -> None:
+    from grpo_cli import launch
+    from grpo_cli.recipe.show import check_and_show
+
+    relaunch = launch.should_relaunch(num_processes, accelerate_config) and not dry_run
+    show = launch.is_main_process() and not relaunch  # a re-launched run prints its plan itself
+    recipe, _ = check_and_show(config, ctx.args, command, num_processes, accelerate_config, show=show)
+    if dry_run:
+        return
+    if relaunch:
+        processes = launch.num_processes(accelerate_config, num_processes)
+        raise typer.Exit(launch.run_relaunch(launch.relaunch_command(sys.argv[1:], processes, accelerate_config)))
+    if command == "rl":
+        from grpo_cli.train.rl import run_rl as run
+    else:
+        from grpo_cli.train.sft import run_sft as run
+    run(recipe, resume=resume, overwrite=overwrite)
+
+
+@app.command(context_settings=EXTRA_ARGS)
+def rl(
+    ctx: typer.Context,
+    config: Annotated[str, RECIPE_OPTION],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the recipe and print the plan; train nothing.")] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume/--no-resume", help="Continue from the output folder's latest checkpoint.")
+    ] = True,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="With --no-resume: delete the output folder's old checkpoints.")
+    ] = False,
+    num_processes: Annotated[Optional[int], NUM_PROCESSES] = None,
+    accelerate_config: Annotated[Optional[str], ACCELERATE_CONFIG] = None,
+) -> None:
+    """Train with GRPO: the recipe's task builds prompts, its rewards score completions, TRL's GRPOTrainer learns.
+
+    Keys after the recipe override it: `grpo rl -c countdown --learning_rate 1e-6 --max_steps 10`.
+    """
+    _train("rl", ctx, config, dry_run, resume, overwrite, num_processes, accelerate_config)
+
+
+@app.command(context_settings=EXTRA_ARGS)
+def sft(
+    ctx: typer.Context,
+    config: Annotated[str, RECIPE_OPTION],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the recipe and print the plan; train nothing.")] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume/--no-resume", help="Continue from the output folder's latest checkpoint.")
+    ] = True,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="With --no-resume: delete the output folder's old checkpoints.")
+    ] = False,
+    num_processes: Annotated[Optional[int], NUM_PROCESSES] = None,
+    accelerate_config: Annotated[Optional[str], ACCELERATE_CONFIG] = None,
+) -> None:
+    """Supervised cold start: teach the task's output format from reference solutions (TRL's SFTTrainer).
+
+    Keys after the recipe override it: `grpo sft -c demo/countdown-sft --max_steps 20`.
+    """
+    _train("sft", ctx, config, dry_run, resume, overwrite, num_processes, accelerate_config)
+
+
 # --- check -------------------------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,1 @@
+"""Training: `grpo sft` (SFTTrainer) and `grpo rl` (GRPOTrainer), with checkpoints, console and tracking."""

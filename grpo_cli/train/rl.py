@@ -1,0 +1,85 @@
+"""`grpo rl`: GRPO with the recipe's task and rewards, handed to TRL's GRPOTrainer.
+
+Read top to bottom: check, load tokenizer, data and model, build the trainer, train, save.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trl import GRPOTrainer
+
+from grpo_cli.recipe import Recipe, reward_names
+from grpo_cli.train.run import TrainingRun
+
+
+class RolloutRecorder(GRPOTrainer):
+    """GRPOTrainer that also appends every scored rollout (prompt, completion, rewards, advantage) to a JSONL file."""
+
+    rollouts_path: Path | None = None
+
+    def _generate_and_score_completions(self, inputs):
+        before = len(self._logs["advantages"])
+        output = super()._generate_and_score_completions(inputs)
+        if self.rollouts_path is not None and self.accelerator.is_main_process and self.model.training:
+            self._write_rollouts(len(self._logs["advantages"]) - before or len(self._logs["advantages"]))
+        return output
+
+    def _write_rollouts(self, count: int) -> None:
+        # The trainer keeps the latest generation batch, gathered from every process, in `_logs`.
+        logs = self._logs
+        start = len(logs["advantages"]) - count
+        rewards = {name: list(values)[start:] for name, values in logs["rewards"].items()}
+        with open(self.rollouts_path, "a", encoding="utf-8") as out:
+            for i, (prompt, completion, advantage) in enumerate(
+                zip(list(logs["prompt"])[start:], list(logs["completion"])[start:], list(logs["advantages"])[start:])
+            ):
+                row = {
+                    "step": self.state.global_step,
+                    "prompt": prompt,
+                    "completion": completion,
+                    "rewards": {name: _finite(values[i]) for name, values in rewards.items()},
+                    "advantage": _finite(advantage),
+                }
+                out.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def _finite(value):
+    value = float(value)
+    return value if value == value else None  # NaN (a reward that did not apply) -> null
+
+
+def conversational(reward_func):
+    """Give a reward the task's conversational view of a rendered text prompt (prefill included)."""
+
+    def scored(prompts, completions, prompt_messages, **columns):
+        chats = [[{"role": "assistant", "content": text}] for text in completions]
+        return reward_func(prompts=prompt_messages, completions=chats, **columns)
+
+    scored.__name__ = reward_func.__name__
+    return scored
+
+
+def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path:
+    """Train the recipe's model with GRPO; returns the folder holding the final model or adapter."""
+    from grpo_cli.rewards import build_reward_funcs
+
+    run = TrainingRun(recipe, resume=resume, overwrite=overwrite)
+    prompts = run.prompts_dataset()
+    names = reward_names(recipe)
+    rewards = [conversational(f) for f in build_reward_funcs(names, recipe.reward.reward_timeout)]
+    model = run.load_model()
+
+    trainer = RolloutRecorder(
+        model=model,
+        reward_funcs=rewards,
+        args=run.args,
+        train_dataset=prompts,
+        processing_class=run.tokenizer,
+        peft_config=run.peft_config(),
+        callbacks=run.callbacks(),
+    )
+    if trainer.accelerator.is_main_process:
+        trainer.rollouts_path = Path(run.args.output_dir) / "rollouts.jsonl"
+    return run.train(trainer)

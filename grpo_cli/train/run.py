@@ -1,0 +1,133 @@
+"""What `grpo rl` and `grpo sft` share: set-up before the trainer exists, and training, stopping and saving after."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from grpo_cli.console import console
+from grpo_cli.errors import UserError
+from grpo_cli.launch import is_main_process
+from grpo_cli.models import gpu_problems, load_model, load_tokenizer
+from grpo_cli.recipe import Recipe
+from grpo_cli.train.checkpoints import GracefulStop, resume_point
+from grpo_cli.train.console import RunConsole, quiet_libraries, remove_default_printers
+from grpo_cli.train.tracking import swanlab_callback
+
+
+def render_prompt(tokenizer, messages: list[dict]) -> str:
+    """A conversation as the model sees it, ending where the assistant's text starts (after any prefill)."""
+    prefilled = messages[-1]["role"] == "assistant"
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=not prefilled, continue_final_message=prefilled
+    )
+    # Templates that write the BOS token themselves would get a second one when the text is tokenized.
+    bos = tokenizer.bos_token
+    if bos and text.startswith(bos) and tokenizer("x")["input_ids"][:1] == [tokenizer.bos_token_id]:
+        text = text[len(bos):]
+    return text
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class TrainingRun:
+    """One training run of a recipe: everything around the TRL trainer that both commands need."""
+
+    def __init__(self, recipe: Recipe, resume: bool = True, overwrite: bool = False):
+        quiet_libraries()
+        recipe.apply_env()
+        self.recipe = recipe
+        self.model_args = recipe.model_config()
+        self.args = recipe.training_config()
+        problems = gpu_problems(self.model_args, self.args)
+        if problems:
+            raise UserError(*problems)
+        self.output_dir = Path(self.args.output_dir)
+        self.main = is_main_process()
+        self.checkpoint = resume_point(self.output_dir, resume, overwrite, main=self.main)
+        self.tokenizer = load_tokenizer(
+            self.model_args.model_name_or_path,
+            recipe.task.chat_template,
+            revision=self.model_args.model_revision,
+            trust_remote_code=bool(getattr(self.args, "trust_remote_code", False)),
+        )
+        self.stop = GracefulStop()
+        self.console = RunConsole(recipe.tracking)
+        if self.main:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            _write_atomic(self.output_dir / "recipe.yaml", recipe.to_yaml())
+
+    def prompts_dataset(self):
+        """The task's training rows with prompts rendered as text; the conversation stays in `prompt_messages`."""
+        from grpo_cli.tasks import load_task_dataset
+
+        rows = load_task_dataset(self.recipe.task, self.recipe.task.dataset_train_split, seed=self.args.seed)
+        tokenizer = self.tokenizer
+        return rows.map(
+            lambda row: {"prompt": render_prompt(tokenizer, row["prompt"]), "prompt_messages": row["prompt"]},
+            desc="rendering prompts",
+        )
+
+    def load_model(self):
+        with console.status(f"loading {self.model_args.model_name_or_path}"):
+            return load_model(self.model_args.model_name_or_path, self.model_args, for_training=True)
+
+    def peft_config(self):
+        from trl import get_peft_config
+
+        return get_peft_config(self.model_args)
+
+    def callbacks(self) -> list:
+        callbacks = [self.console, self.stop]
+        name = self.args.run_name or self.output_dir.name
+        tracker = swanlab_callback(self.recipe.tracking, str(self.output_dir), name, self.recipe.values)
+        return callbacks + ([tracker] if tracker else [])
+
+    def train(self, trainer) -> Path:
+        """Train (resuming when there is a checkpoint), save the final model with its tokenizer, return its folder."""
+        self.console.trainer = trainer
+        remove_default_printers(trainer)
+        self.stop.install()
+        try:
+            result = trainer.train(resume_from_checkpoint=str(self.checkpoint) if self.checkpoint else None)
+        finally:
+            self.stop.uninstall()
+        if self.stop.requested:
+            console.print(
+                f"stopped at step {trainer.state.global_step}; the checkpoint is in {self.output_dir}. "
+                "Run the same command again to resume."
+            )
+            raise KeyboardInterrupt
+        self._save_final(trainer)
+        if trainer.accelerator.is_main_process:
+            summary = {
+                "global_step": trainer.state.global_step,
+                "metrics": result.metrics,
+                "log_history": trainer.state.log_history,
+            }
+            _write_atomic(self.output_dir / "train_summary.json", json.dumps(summary, indent=1))
+            console.print(f"[bold green]saved[/] {self.output_dir}")
+        return self.output_dir
+
+    def _save_final(self, trainer) -> None:
+        """Save into a temporary folder first, then move the files in, so a kill never leaves a half-written model."""
+        staging = self.output_dir / ".final.tmp"
+        if trainer.accelerator.is_main_process:
+            shutil.rmtree(staging, ignore_errors=True)
+        trainer.accelerator.wait_for_everyone()
+        trainer.save_model(str(staging))
+        if trainer.accelerator.is_main_process:
+            self.tokenizer.save_pretrained(str(staging))
+            for item in staging.iterdir():
+                target = self.output_dir / item.name
+                if target.is_dir() and not target.is_symlink():
+                    shutil.rmtree(target)
+                os.replace(item, target)
+            staging.rmdir()
+        trainer.accelerator.wait_for_everyone()

@@ -1,0 +1,27 @@
+"""`grpo sft`: the optional cold start that teaches the output format, handed to TRL's SFTTrainer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from grpo_cli.recipe import Recipe
+from grpo_cli.train.run import TrainingRun
+
+
+def run_sft(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path:
+    """Fine-tune on the task's reference solutions in the target format; returns the folder of the final model."""
+    from trl import SFTTrainer
+
+    from grpo_cli.tasks import sft_dataset
+
+    run = TrainingRun(recipe, resume=resume, overwrite=overwrite)
+    examples = sft_dataset(recipe.task, recipe.task.dataset_train_split)
+    trainer = SFTTrainer(
+        model=run.load_model(),
+        args=run.args,
+        train_dataset=examples,
+        processing_class=run.tokenizer,
+        peft_config=run.peft_config(),
+        callbacks=run.callbacks(),
+    )
+    return run.train(trainer)
