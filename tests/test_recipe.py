@@ -1,0 +1,184 @@
+"""The recipe loader and checks, on real YAML files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from grpo_cli.errors import UserError
+from grpo_cli.recipe import builtin_recipes, check_recipe, load_recipe
+from grpo_cli.recipe import schema
+from grpo_cli.recipe.load import read_recipe
+
+
+def write(tmp_path: Path, text: str, name: str = "recipe.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+GOOD = """
+    # a small recipe
+    model_name_or_path: Qwen/Qwen2.5-0.5B-Instruct
+    dtype: bfloat16
+    task: countdown
+    learning_rate: 1e-6
+    per_device_train_batch_size: 4
+    gradient_accumulation_steps: 2
+    num_generations: 8
+    max_steps: 10
+    lora_target_modules: [q_proj, v_proj]
+    env:
+      GRPO_TEST_VARIABLE: "on"
+"""
+
+
+def test_values_types_and_locations(tmp_path):
+    path = write(tmp_path, GOOD)
+    recipe = load_recipe(str(path), [], "rl")
+    # PyYAML reads `1e-6` as a string; the loader makes it the float the key expects.
+    assert recipe.values["learning_rate"] == pytest.approx(1e-6)
+    assert isinstance(recipe.values["learning_rate"], float)
+    assert recipe.values["lora_target_modules"] == ["q_proj", "v_proj"]
+    assert recipe.where("max_steps") == f"{path}:9"
+    assert recipe.where("report_to") == "grpo default"
+    assert recipe.values["output_dir"] == "outputs/recipe"
+    assert recipe.env == {"GRPO_TEST_VARIABLE": "on"}
+    assert recipe.task.task == "countdown"
+
+
+def test_command_line_overrides_win(tmp_path):
+    path = write(tmp_path, GOOD)
+    recipe = load_recipe(
+        str(path),
+        ["--learning_rate", "3e-6", "--max_steps=20", "--use_peft", "--lora_target_modules", "k_proj", "o_proj",
+         "--gradient_checkpointing", "false", "--reward_weights", "[1.0, 0.5]"],
+        "rl",
+    )
+    assert recipe.values["learning_rate"] == pytest.approx(3e-6)
+    assert recipe.values["max_steps"] == 20
+    assert recipe.values["use_peft"] is True
+    assert recipe.values["gradient_checkpointing"] is False
+    assert recipe.values["lora_target_modules"] == ["k_proj", "o_proj"]
+    assert recipe.values["reward_weights"] == [1.0, 0.5]
+    assert recipe.where("max_steps") == "command line"
+
+
+def test_all_problems_reported_at_once_with_lines(tmp_path):
+    path = write(
+        tmp_path,
+        """
+        model_name_or_path: Qwen/Qwen2.5-0.5B-Instruct
+        learnig_rate: 1e-6
+        max_prompt_length: 256
+        torch_dtype: bfloat16
+        per_device_train_batch_size: four
+        loss_type: ppo
+        max_length: 512
+        num_generations: 3
+        """,
+    )
+    recipe, problems = read_recipe(str(path), ["--vllm_device", "cuda:1"], "rl")
+    with pytest.raises(UserError) as err:
+        check_recipe(recipe, 1, None, problems)
+    text = "\n".join(err.value.problems)
+    assert f"{path}:2: unknown key `learnig_rate` - did you mean `learning_rate`?" in text
+    assert f"{path}:3: `max_prompt_length` was removed" in text
+    assert f"{path}:4: `torch_dtype` was renamed to `dtype`" in text
+    assert f"{path}:5: `per_device_train_batch_size` must be an integer" in text
+    assert f"{path}:6: `loss_type` must be one of grpo" in text
+    assert f"{path}:7: `max_length` is a `grpo sft` key" in text
+    assert "`--vllm_device`: `vllm_device` was removed in TRL 1.x: use `use_vllm: true`" in text
+    # batch 8 (TRL's default per-device batch) x 1 process x 1 step is not divisible by 3 generations
+    assert f"{path}:9: the generation batch" in text and "not divisible by `num_generations` (3)" in text
+    assert len(err.value.problems) == 8
+
+
+@pytest.mark.parametrize("old,new", [("max_seq_length", "max_length"), ("use_liger_loss", "use_liger_kernel")])
+def test_renamed_keys_say_what_replaced_them(tmp_path, old, new):
+    path = write(tmp_path, f"model_name_or_path: m\n{old}: 1\n")
+    _, problems = read_recipe(str(path), [], "sft" if old == "max_seq_length" else "rl")
+    assert len(problems) == 1 and f"`{new}`" in problems[0] and f"{path}:2" in problems[0]
+
+
+def test_process_count_changes_divisibility(tmp_path):
+    path = write(tmp_path, GOOD.replace("gradient_accumulation_steps: 2", "gradient_accumulation_steps: 1")
+                 .replace("num_generations: 8", "num_generations: 6"))
+    recipe = load_recipe(str(path), [], "rl")
+    with pytest.raises(UserError, match=r"4 per device x 1 processes x 1 steps = 4\) is not divisible"):
+        check_recipe(recipe, num_processes=1)
+    plan = check_recipe(recipe, num_processes=3)  # 4 x 3 = 12, divisible by 6
+    rows = dict(plan.rows)
+    assert "4 per device x 3 processes x 1 accumulation = 12" in rows["effective batch"]
+
+
+def test_unknown_rewards_weights_and_missing_files(tmp_path):
+    path = write(
+        tmp_path,
+        """
+        model_name_or_path: ./no/such/model
+        task: countdown
+        dataset_name: data/missing.jsonl
+        reward_funcs: [countdown_format, countdown_equasion]
+        reward_weights: [1.0]
+        per_device_train_batch_size: 8
+        num_generations: 8
+        """,
+    )
+    recipe = load_recipe(str(path), [], "rl")
+    with pytest.raises(UserError) as err:
+        check_recipe(recipe)
+    text = "\n".join(err.value.problems)
+    assert f"{path}:1: `model_name_or_path`: no such file or folder: ./no/such/model" in text
+    assert f"{path}:3: `dataset_name`: no such file or folder: data/missing.jsonl" in text
+    assert "countdown_equasion" in text and "countdown_equation" in text  # did-you-mean
+    assert f"{path}:5: 1 `reward_weights` for 2 rewards" in text
+
+
+def test_unknown_task_and_bad_yaml(tmp_path):
+    recipe = load_recipe(str(write(tmp_path, "model_name_or_path: m\ntask: sudoku\n")), [], "rl")
+    with pytest.raises(UserError, match="unknown task `sudoku`"):
+        check_recipe(recipe)
+    bad = write(tmp_path, "model_name_or_path: m\nlearning_rate: [1e-6\n", "bad.yaml")
+    with pytest.raises(UserError, match=r"bad.yaml:\d+: not valid YAML"):
+        load_recipe(str(bad), [], "rl")
+    twice = write(tmp_path, "model_name_or_path: m\nseed: 1\nseed: 2\n", "twice.yaml")
+    with pytest.raises(UserError, match=r"twice.yaml:3: `seed` is set twice \(first on line 2\)"):
+        load_recipe(str(twice), [], "rl")
+
+
+def test_builtin_recipes_pass_the_check():
+    recipes = builtin_recipes()
+    assert {"countdown", "gsm8k", "dapo-math", "dapo-math-sft"} <= set(recipes)
+    for name, path in recipes.items():
+        command = "sft" if name.endswith("sft") else "rl"
+        plan = check_recipe(load_recipe(name, [], command))
+        assert dict(plan.rows)["recipe"] == str(path)
+
+
+def test_schema_snapshot_matches_installed_trl():
+    """The snapshot that keeps `grpo check` fast must say what the installed TRL says."""
+    assert json.loads(schema.SNAPSHOT.read_text()) == json.loads(json.dumps(schema.read_live()))
+
+
+def test_check_cli_exit_codes_and_speed(tmp_path):
+    bad = write(tmp_path, "model_name_or_path: m\nlearnig_rate: 1e-6\ntorch_dtype: bfloat16\nnum_generations: 3\n")
+    run = subprocess.run([sys.executable, "-m", "grpo_cli", "check", "-c", str(bad)], capture_output=True, text=True)
+    assert run.returncode == 2
+    assert "Traceback" not in run.stderr
+    assert "learnig_rate" in run.stderr and "torch_dtype" in run.stderr and "num_generations" in run.stderr
+    good = subprocess.run([sys.executable, "-m", "grpo_cli", "check", "-c", "countdown"], capture_output=True, text=True)
+    assert good.returncode == 0, good.stderr
+    assert "Qwen/Qwen2.5-3B-Instruct" in good.stderr and "effective batch" in good.stderr
+
+
+def test_help_does_not_import_torch():
+    code = "import sys; from grpo_cli.cli import app; sys.argv=['grpo','--help']\n" \
+           "try:\n    app()\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip().splitlines()[-1] == "False"
