@@ -1,0 +1,151 @@
+"""Experiment tracking with SwanLab, through swanlab's own transformers callback.
+
+TRL's logged metrics (reward and per-reward means, reward std, completion lengths, KL, learning rate, loss) reach
+SwanLab through the callback's `on_log`; we add the recipe as the run's config and a few sample completions as text.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import fields
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from grpo_cli.console import console
+from grpo_cli.errors import UserError
+from grpo_cli.recipe.args import TrackingArguments
+from grpo_cli.train.console import SampleSchedule, pick_samples, short_reward_name
+
+# Our recipe says "cloud"; swanlab says "online".
+SWANLAB_MODES = {"cloud": "online", "local": "local", "offline": "offline"}
+
+DEFAULT_PROJECT = next(f.default for f in fields(TrackingArguments) if f.name == "swanlab_project")
+
+
+def tracking_problems(tracking: TrackingArguments) -> list[str]:
+    """What stops SwanLab from starting with these settings (checked before any model is loaded)."""
+    if not tracking.swanlab:
+        return []
+    if tracking.swanlab_mode == "cloud" and not _has_api_key():
+        problem = (
+            "swanlab_mode: cloud needs a SwanLab API key and none is set - set SWANLAB_API_KEY "
+            "(or run `swanlab login`) or use swanlab_mode: local/offline"
+        )
+        return [problem]
+    if tracking.swanlab_mode == "local" and importlib.util.find_spec("swanboard") is None:
+        problem = (
+            "swanlab_mode: local needs SwanLab's dashboard package - pip install 'swanlab[dashboard]', "
+            "or use swanlab_mode: offline (and `swanlab sync` the run later)"
+        )
+        return [problem]
+    return []
+
+
+def swanlab_project(tracking: TrackingArguments) -> str:
+    """The project name; takes SWANLAB_PROJECT out of the environment, where it crashes swanlab 0.10.3's settings.
+
+    The variable's value is used only when the recipe left `swanlab_project` at its default.
+    """
+    from_env = os.environ.pop("SWANLAB_PROJECT", None)
+    if from_env and tracking.swanlab_project == DEFAULT_PROJECT:
+        return from_env
+    return tracking.swanlab_project
+
+
+def _has_api_key() -> bool:
+    """An API key in SWANLAB_API_KEY, a .env file, or a saved `swanlab login`."""
+    if os.environ.get("SWANLAB_API_KEY"):
+        return True
+    import swanlab
+
+    project = os.environ.pop("SWANLAB_PROJECT", None)  # swanlab's settings cannot be read while it is set
+    try:
+        return bool(swanlab.Settings().api_key)
+    finally:
+        if project is not None:
+            os.environ["SWANLAB_PROJECT"] = project
+
+
+def swanlab_callback(tracking: TrackingArguments, output_dir: str, run_name: str | None, config: dict):
+    """SwanLab's transformers callback for this run, or None when tracking is off.
+
+    Raises UserError (cloud without API key, local without dashboard) before training starts, so that
+    swanlab never prompts. Set `.trainer` on the callback to also log sample completions.
+    """
+    if not tracking.swanlab or tracking.swanlab_mode == "disabled":
+        return None
+    project = swanlab_project(tracking)  # before swanlab reads its settings
+    if problems := tracking_problems(tracking):
+        raise UserError(*problems)
+    mode = SWANLAB_MODES[tracking.swanlab_mode]
+    logdir = os.path.abspath(tracking.swanlab_logdir or os.path.join(output_dir, "swanlog"))
+    experiment = tracking.swanlab_experiment or run_name or Path(os.path.abspath(output_dir)).name
+    return _callback_class()(
+        project=project,
+        workspace=tracking.swanlab_workspace,
+        experiment_name=experiment,
+        mode=mode,
+        log_dir=logdir,
+        recipe=config,
+        sample_every=tracking.sample_every,
+        sample_count=tracking.sample_count,
+    )
+
+
+def sample_texts(rollout_logs: dict[str, Any], count: int) -> list:
+    """swanlab.Text items for a few completions of GRPOTrainer's latest rollout (`_logs`)."""
+    import swanlab
+
+    texts = []
+    for sample in pick_samples(rollout_logs, count):
+        scores = ", ".join(f"{short_reward_name(n)} {v:.3f}" for n, v in sample.rewards.items())
+        body = f"PROMPT (end):\n{sample.prompt[-500:]}\n\nCOMPLETION:\n{sample.completion}"
+        texts.append(swanlab.Text(body, caption=f"{scores} | advantage {sample.advantage:+.3f}"))
+    return texts
+
+
+@cache
+def _callback_class() -> type:
+    # swanlab's callback subclasses transformers' TrainerCallback: import it only when tracking is on.
+    import swanlab
+    from swanlab.integration.transformers import SwanLabCallback
+
+    class RunTracker(SwanLabCallback):
+        """SwanLabCallback plus the recipe as config, sample completions as text, and the run closed at train end."""
+
+        def __init__(self, *, recipe: dict, sample_every: int, sample_count: int, **kwargs: Any):
+            super().__init__(**kwargs)
+            self.recipe = dict(recipe)
+            self.samples = SampleSchedule(sample_every)
+            self.sample_count = sample_count
+            self.trainer = None
+            self.logdir = kwargs["log_dir"]
+            self.mode = kwargs["mode"]
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            super().on_train_begin(args, state, control, model=model, **kwargs)
+            if not self._is_world_process_zero(state):
+                return
+            # After the callback's own config (TrainingArguments, model config): the recipe keys win.
+            self.update_config(self.recipe)
+            if self.mode != "online":
+                console.print(
+                    f"swanlab ({self.mode}): logging to {self.logdir}", soft_wrap=True, markup=False
+                )
+
+        def on_log(self, args, state, control, model=None, logs=None, **kwargs):
+            super().on_log(args, state, control, model=model, logs=logs, **kwargs)
+            rollout = getattr(self.trainer, "_logs", None)
+            if not logs or not rollout or not self._can_log(state) or "train_runtime" in logs:
+                return
+            if self.samples.due(state.global_step) and (texts := sample_texts(rollout, self.sample_count)):
+                self._log({"samples/completions": texts}, self._get_step(state))
+
+        def on_train_end(self, args, state, control, **kwargs):
+            super().on_train_end(args, state, control, **kwargs)
+            if self._can_log(state):
+                swanlab.finish()
+
+    return RunTracker
