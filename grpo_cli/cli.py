@@ -193,3 +193,51 @@ def check(
     from grpo_cli.recipe.show import check_and_show, guess_command
 
     check_and_show(config, ctx.args, command or guess_command(config), num_processes, accelerate_config)
+
+
+# --- merge -------------------------------------------------------------------------------------------------------
+
+
+@app.command()
+def merge(
+    adapter: Annotated[
+        str,
+        typer.Option(
+            "--adapter",
+            help="Adapter folder, checkpoint folder, or a run's output folder (its final adapter, else its latest "
+            "checkpoint).",
+        ),
+    ],
+    output: Annotated[str, typer.Option("--output", "-o", help="Folder for the merged model.")],
+    base: Annotated[
+        Optional[str], typer.Option("--base", help="Base model (default: the one named in the adapter's config).")
+    ] = None,
+    dtype: Annotated[
+        Optional[str], typer.Option("--dtype", help="bfloat16, float16 or float32 (default: the base model's).")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing, non-empty output folder.")] = False,
+) -> None:
+    """Merge a LoRA adapter into its base model: a standalone model folder, checked against base + adapter."""
+    from grpo_cli.merge import merge_adapter, print_report
+
+    print_report(merge_adapter(adapter, output, base=base, dtype=dtype, force=force))
+
+
+# --- models ------------------------------------------------------------------------------------------------------
+
+models_app = typer.Typer(help="Short model names: the embedded demo model.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("prepare")
+def models_prepare(
+    name: Annotated[str, typer.Argument(help="Short model name.")] = "smollm2-135m-instruct",
+    force: Annotated[bool, typer.Option("--force", help="Download and convert again even if prepared.")] = False,
+) -> None:
+    """Download and convert a short-named model into the cache now (otherwise done on first use); print its folder."""
+    from grpo_cli.console import console
+    from grpo_cli.models import prepare_demo_model
+
+    path = prepare_demo_model(name, force=force)
+    console.print(f"[bold green]ready[/] {name}: {path}")
+    typer.echo(str(path))
