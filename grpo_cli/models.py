@@ -428,27 +428,14 @@ def gpu_problems(model_args, training_args=None, has_cuda: bool | None = None) -
 # --------------------------------------------------------------------------------------- tokenizers and models
 
 
-def read_chat_template(chat_template: str) -> str:
-    """Jinja text as is, or the contents of a .jinja file given by path."""
-    text = chat_template.strip()
-    if "{{" in text or "{%" in text:
-        return chat_template
-    path = Path(text).expanduser()
-    if path.is_file():
-        return path.read_text()
-    raise UserError(
-        f"chat template {chat_template!r} is neither Jinja text nor an existing file (key: chat_template) - "
-        "give the path of a .jinja file or the template itself"
-    )
-
-
 def load_tokenizer(
     name_or_path: str,
     chat_template: str | None = None,
     revision: str | None = None,
     trust_remote_code: bool = False,
 ):
-    """Tokenizer with a chat template (override, own, or the project's plain default) and a pad token."""
+    """Tokenizer with a chat template (override: built-in name, Jinja text or .jinja path; else its own; else the
+    project's plain default) and a pad token."""
     from transformers import AutoTokenizer
 
     path = resolve_model(name_or_path)
@@ -462,7 +449,9 @@ def load_tokenizer(
             f"cannot load a tokenizer from {name_or_path}: {err} - check the model name or folder"
         ) from err
     if chat_template:
-        tokenizer.chat_template = read_chat_template(chat_template)
+        from grpo_cli.tasks import chat_template_text
+
+        tokenizer.chat_template = chat_template_text(chat_template)
     elif not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
     if tokenizer.pad_token is None:

@@ -243,14 +243,18 @@ def test_tokenizer_without_template_gets_plain_default_with_prefill(demo_tokeniz
     assert full.startswith(prompt) and full.endswith("<think><|im_end|>\n\n")
 
 
-def test_tokenizer_template_override_from_text_and_file(demo_tokenizer_dir, tmp_path):
+def test_tokenizer_template_override_from_text_file_or_name(demo_tokenizer_dir, tmp_path):
     text = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
     assert load_tokenizer(str(demo_tokenizer_dir), chat_template=text).chat_template == text
     jinja = tmp_path / "plain.jinja"
     jinja.write_text(text)
     tokenizer = load_tokenizer(str(demo_tokenizer_dir), chat_template=str(jinja))
     assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "[user] hi\n"
-    with pytest.raises(UserError, match="neither Jinja text nor an existing file"):
+    assert (
+        "<|im_start|>assistant"
+        in load_tokenizer(str(demo_tokenizer_dir), chat_template="chatml").chat_template
+    )
+    with pytest.raises(UserError, match="is not a file, a built-in template"):
         load_tokenizer(str(demo_tokenizer_dir), chat_template=str(tmp_path / "missing.jinja"))
 
 
