@@ -11,7 +11,8 @@ from grpo_cli.launch import shipped_accelerate_configs
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "accelerate"
 
-# name: (distributed_type, zero_stage, offload_optimizer_device, offload_param_device, zero3_save_16bit_model, machines)
+# name: (distributed_type, zero_stage, offload_optimizer_device, offload_param_device,
+#        zero3_save_16bit_model, num_machines)
 EXPECTED = {
     "single_gpu": ("NO", None, None, None, None, 1),
     "ddp": ("MULTI_GPU", None, None, None, None, 1),
@@ -50,7 +51,7 @@ def test_config_loads_with_accelerates_config_classes(name):
     assert deepspeed.get("zero3_save_16bit_model") == save_16bit
     if stage == 3:
         assert deepspeed["zero3_init_flag"] is True
-    # DeepSpeed stops when these differ from the recipe; left out, the recipe's values fill DeepSpeed's "auto".
+    # DeepSpeed stops when these differ from the recipe; left out, the recipe's values fill its "auto".
     assert "gradient_accumulation_steps" not in deepspeed
     assert "gradient_clipping" not in deepspeed
 
@@ -71,7 +72,7 @@ def test_accelerate_launch_accepts_config(name):
 
     parser = launch_command_parser()
     args = parser.parse_args(["--config_file", str(CONFIG_DIR / f"{name}.yaml"), "-m", "grpo_cli", "rl"])
-    args, defaults, _ = _validate_launch_command(args)
+    args, _, _ = _validate_launch_command(args)
     kind = EXPECTED[name][0]
     assert args.use_deepspeed == (kind == "DEEPSPEED")
     assert args.multi_gpu == (kind == "MULTI_GPU")
@@ -84,13 +85,15 @@ def test_accelerate_launch_accepts_config(name):
 
 @pytest.mark.parametrize("name", DEEPSPEED)
 def test_deepspeed_plugin_built_from_config(name, monkeypatch):
-    """The DeepSpeed config accelerate builds in each process: stage, offload, and 16-bit weights gathered on save."""
+    """The DeepSpeed config accelerate builds in each process: stage, offload, 16-bit weights on save."""
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils import DeepSpeedPlugin
     from accelerate.utils.launch import prepare_deepspeed_cmd_env
 
     _, stage, offload_optimizer, offload_param, save_16bit, _ = EXPECTED[name]
-    args = launch_command_parser().parse_args(["--config_file", str(CONFIG_DIR / f"{name}.yaml"), "-m", "grpo_cli"])
+    args = launch_command_parser().parse_args(
+        ["--config_file", str(CONFIG_DIR / f"{name}.yaml"), "-m", "grpo_cli"]
+    )
     args, defaults, _ = _validate_launch_command(args)
     args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
     if args.num_machines > 1:
@@ -124,6 +127,6 @@ def test_multinode_template_takes_machine_values_from_the_command_line():
     args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
     prepare_deepspeed_cmd_env(args)
     assert (args.nnodes, args.node_rank, args.nproc_per_node) == ("3", 2, "8")
-    # accelerate's --same_network flag ignores the file's value, so the address travels as torchrun's rdzv endpoint
+    # accelerate's --same_network flag ignores the file's value: the address goes as torchrun's rdzv endpoint
     endpoint = getattr(args, "rdzv_endpoint", None) or f"{args.master_addr}:{args.master_port}"
     assert endpoint == "10.1.2.3:29555"
