@@ -19,7 +19,7 @@ from grpo_cli.train.console import (
     quiet_libraries,
     reward_names,
     sample_panel,
-    short_reward_name,
+    short_reward_names,
 )
 
 GRPO_LOGS = {
@@ -84,9 +84,25 @@ def test_sft_metrics_line():
 
 def test_reward_names_and_short_names():
     assert reward_names(GRPO_LOGS) == ["format_reward", "equation_reward"]
-    assert short_reward_name("format_reward") == "format"
-    assert short_reward_name("my_pkg.rewards:reward_length") == "length"
-    assert short_reward_name("a_very_long_reward_function_name") == "a_very_lon"
+    assert short_reward_names(["format_reward", "pkg.rewards:reward_length"]) == {
+        "format_reward": "format",
+        "pkg.rewards:reward_length": "length",
+    }
+    assert short_reward_names(["countdown_format", "countdown_equation"]) == {
+        "countdown_format": "format",
+        "countdown_equation": "equation",
+    }
+    assert short_reward_names(["countdown_format"]) == {"countdown_format": "countdown_"}
+    assert short_reward_names(["a_very_long_name_one", "a_very_long_name_two"]) == {
+        "a_very_long_name_one": "one",
+        "a_very_long_name_two": "two",
+    }
+    # Cut to 10 characters they would be the same: kept whole.
+    assert short_reward_names(["correctness_strict", "correctness_loose", "format"]) == {
+        "correctness_strict": "correctness_strict",
+        "correctness_loose": "correctness_loose",
+        "format": "format",
+    }
 
 
 def rollout(advantages, completions=None):
@@ -143,22 +159,37 @@ def test_sample_schedule_first_log_then_every_n():
 
 @pytest.fixture
 def restore_logging(monkeypatch):
-    """Give back logger levels, filters and the env vars that quiet_libraries sets."""
-    for name in ("TRANSFORMERS_VERBOSITY", "DATASETS_VERBOSITY", "HF_DATASETS_DISABLE_PROGRESS_BARS"):
-        monkeypatch.setenv(name, "")
-        monkeypatch.delenv(name)
+    """Give back logger levels and filters, progress bar switches and the env var that quiet_libraries sets."""
+    import datasets
+    import huggingface_hub.utils as hub
+    from transformers.utils import logging as transformers_logging
+
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "")
     monkeypatch.delenv("TRL_EXPERIMENTAL_SILENCE")
+    monkeypatch.delenv("HF_DATASETS_DISABLE_PROGRESS_BARS", raising=False)
     saved = {
         name: (logging.getLogger(name).level, list(logging.getLogger(name).filters)) for name in NOISY_LOGGERS
     }
+    verbosity = (transformers_logging.get_verbosity(), datasets.utils.logging.get_verbosity())
+    bars = (transformers_logging.is_progress_bar_enabled(), datasets.is_progress_bar_enabled())
     yield
     for name, (level, filters) in saved.items():
         logging.getLogger(name).setLevel(level)
         logging.getLogger(name).filters[:] = filters
+    transformers_logging.set_verbosity(verbosity[0])
+    datasets.utils.logging.set_verbosity(verbosity[1])
+    if bars[0]:
+        transformers_logging.enable_progress_bar()
+    if bars[1]:
+        datasets.enable_progress_bars()
+    assert not hub.are_progress_bars_disabled()
 
 
-def test_quiet_libraries_filters_noise_and_keeps_errors(restore_logging, monkeypatch, caplog):
+def test_quiet_libraries_filters_noise_and_keeps_errors(restore_logging, monkeypatch):
+    import datasets
+    import huggingface_hub.utils as hub
+    from transformers.utils import logging as transformers_logging
+
     monkeypatch.delenv("GRPO_VERBOSE", raising=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -169,15 +200,13 @@ def test_quiet_libraries_filters_noise_and_keeps_errors(restore_logging, monkeyp
         )
         warnings.warn("reward file has a real problem", UserWarning)
     assert [str(w.message) for w in caught] == ["reward file has a real problem"]
-    import os
-
-    assert os.environ["TRANSFORMERS_VERBOSITY"] == "error"
-    assert os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] == "1"
-    bnb = logging.getLogger("bitsandbytes.backends.cpu.ops")
-    with caplog.at_level(logging.NOTSET, logger="bitsandbytes.backends.cpu.ops"):
-        bnb.warning("Failed to load CPU gemm_4bit_forward from kernels-community")
-    assert not logging.getLogger("bitsandbytes").isEnabledFor(logging.WARNING)
-    assert logging.getLogger("bitsandbytes").isEnabledFor(logging.ERROR)
+    assert transformers_logging.get_verbosity() == logging.ERROR
+    assert not transformers_logging.is_progress_bar_enabled()  # loading/writing weights
+    assert not hub.are_progress_bars_disabled()  # downloads keep their bars
+    assert not datasets.is_progress_bar_enabled()
+    assert not logging.getLogger("bitsandbytes.backends.cpu.ops").isEnabledFor(logging.WARNING)
+    assert logging.getLogger("bitsandbytes.backends.cpu.ops").isEnabledFor(logging.ERROR)
+    assert logging.getLogger("trl.trainer").isEnabledFor(logging.WARNING)
     # DeepSpeed resets its own level at import: the filter still drops its warnings, not its errors.
     deepspeed = logging.getLogger("DeepSpeed")
     deepspeed.setLevel(logging.INFO)
@@ -190,15 +219,19 @@ def test_quiet_libraries_filters_noise_and_keeps_errors(restore_logging, monkeyp
 
 
 def test_grpo_verbose_silences_nothing(restore_logging, monkeypatch):
+    import os
+
+    from transformers.utils import logging as transformers_logging
+
     monkeypatch.setenv("GRPO_VERBOSE", "1")
+    level = transformers_logging.get_verbosity()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert quiet_libraries() is False
         warnings.warn("`gradient_checkpointing` is deprecated", FutureWarning)
     assert len(caught) == 1
-    import os
-
-    assert "TRANSFORMERS_VERBOSITY" not in os.environ
+    assert transformers_logging.get_verbosity() == level
+    assert "TRL_EXPERIMENTAL_SILENCE" not in os.environ
 
 
 def test_importing_the_console_does_not_import_torch():

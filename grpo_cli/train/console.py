@@ -12,7 +12,6 @@ import logging
 import math
 import os
 import re
-import sys
 import time
 import warnings
 from collections import deque
@@ -80,30 +79,32 @@ def verbose() -> bool:
 
 
 def quiet_libraries() -> bool:
-    """Keep library chatter (info logs, per-step warnings, datasets bars) off the console; errors stay visible.
+    """Keep library chatter (info logs, per-step warnings, progress bars) off the console; errors stay visible.
 
-    Call it before importing torch/transformers/trl. Does nothing with GRPO_VERBOSE=1. Returns whether it silenced.
+    Call it before importing torch/transformers/trl (it imports neither). Does nothing with GRPO_VERBOSE=1.
+    Returns whether it silenced.
     """
     if verbose():
         return False
-    # Libraries read these when they set up their loggers; setdefault keeps a person's own choice.
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("DATASETS_VERBOSITY", "error")
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    import datasets
+    import huggingface_hub.utils as hub
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.set_verbosity_error()
+    # transformers' bars (loading and writing weights, at every checkpoint) would break the training bar;
+    # the Hub's download bars stay.
+    downloads_shown = not hub.are_progress_bars_disabled()
+    transformers_logging.disable_progress_bar()
+    if downloads_shown:
+        hub.enable_progress_bars()
+    datasets.utils.logging.set_verbosity_error()
+    if os.environ.get("HF_DATASETS_DISABLE_PROGRESS_BARS") is None:  # a person's explicit choice wins
+        datasets.disable_progress_bars()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     for name, level in NOISY_LOGGERS.items():
         logger = logging.getLogger(name)
         logger.setLevel(level)
         logger.addFilter(_FILTERS.setdefault(name, _Below(level)))
-    if "transformers" in sys.modules:  # already configured its logger: env vars come too late
-        from transformers.utils import logging as transformers_logging
-
-        transformers_logging.set_verbosity_error()
-    if "datasets" in sys.modules:
-        import datasets
-
-        datasets.utils.logging.set_verbosity_error()
-        datasets.disable_progress_bars()
     # FutureWarnings are addressed to the code calling the library (transformers, trl), not to a person training.
     warnings.filterwarnings("ignore", category=FutureWarning)
     for message in NOISY_WARNINGS:
@@ -143,11 +144,19 @@ def _duration(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-def short_reward_name(name: str) -> str:
-    """`format_reward` -> `format`, `pkg.mod:equation_reward` -> `equation`, cut to 10 characters."""
-    name = re.split(r"[:.]", name)[-1]
-    name = re.sub(r"(^reward_|_reward$|_rewards$)", "", name) or name
-    return name[:10]
+def short_reward_names(names: list[str]) -> dict[str, str]:
+    """Short names that tell rewards apart: `pkg.mod:format_reward` -> `format`; a shared prefix goes
+    (`countdown_format`, `countdown_equation` -> `format`, `equation`); at most 10 characters when still distinct."""
+    stems = [re.sub(r"(^reward_|_reward$|_rewards$)", "", re.split(r"[:.]", n)[-1]) or n for n in names]
+    if len(stems) > 1:
+        shared = os.path.commonprefix(stems)
+        shared = shared[: shared.rfind("_") + 1]  # cut at a word boundary
+        if shared and all(len(stem) > len(shared) for stem in stems):
+            stems = [stem[len(shared) :] for stem in stems]
+    short = [stem[:10] for stem in stems]
+    if len(set(short)) < len(short):  # cutting made two the same: keep them whole
+        short = stems
+    return dict(zip(names, short))
 
 
 def reward_names(logs: dict[str, Any]) -> list[str]:
@@ -175,7 +184,8 @@ def metrics_line(
     if _get(logs, "reward") is not None:
         reward = f"reward {_get(logs, 'reward'):.2f}"
         names = reward_names(logs)
-        means = [(short_reward_name(n), _get(logs, f"rewards/{n}/mean")) for n in names]
+        short = short_reward_names(names)
+        means = [(short[n], _get(logs, f"rewards/{n}/mean")) for n in names]
         means = [f"{n} {v:.2f}" for n, v in means if v is not None]
         if len(names) > 1 and means:
             reward += f" ({' '.join(means)})"
@@ -283,9 +293,8 @@ def sample_panel(sample: Sample, title: str, prompt_chars: int = 160, completion
     completion = sample.completion
     if len(completion) > completion_chars:
         completion = completion[:completion_chars] + f"… ({len(sample.completion)} chars)"
-    scores = " ".join(
-        f"{short_reward_name(n)} {'-' if math.isnan(v) else f'{v:.2f}'}" for n, v in sample.rewards.items()
-    )
+    short = short_reward_names(list(sample.rewards))
+    scores = " ".join(f"{short[n]} {'-' if math.isnan(v) else f'{v:.2f}'}" for n, v in sample.rewards.items())
     header = f"{title} | {scores} | adv {sample.advantage:+.2f}"
     body = Group(Text(prompt, style="dim"), Text(completion or "(empty)"))
     return Panel(body, title=Text(header), title_align="left", border_style="cyan")
@@ -380,7 +389,7 @@ class _RunConsole:
         self._since_log.append(now - self._last_step_end)
         self._last_step_end = now
         if self.progress is not None:
-            self.progress.update(self._task, completed=state.global_step)
+            self.progress.update(self._task, completed=state.global_step, refresh=True)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:

@@ -16,7 +16,7 @@ from typing import Any
 from grpo_cli.console import console
 from grpo_cli.errors import UserError
 from grpo_cli.recipe.args import TrackingArguments
-from grpo_cli.train.console import SampleSchedule, pick_samples, short_reward_name
+from grpo_cli.train.console import SampleSchedule, pick_samples
 
 # Our recipe says "cloud"; swanlab says "online".
 SWANLAB_MODES = {"cloud": "online", "local": "local", "offline": "offline"}
@@ -100,7 +100,7 @@ def sample_texts(rollout_logs: dict[str, Any], count: int) -> list:
 
     texts = []
     for sample in pick_samples(rollout_logs, count):
-        scores = ", ".join(f"{short_reward_name(n)} {v:.3f}" for n, v in sample.rewards.items())
+        scores = ", ".join(f"{n} {v:.3f}" for n, v in sample.rewards.items())
         body = f"PROMPT (end):\n{sample.prompt[-500:]}\n\nCOMPLETION:\n{sample.completion}"
         texts.append(swanlab.Text(body, caption=f"{scores} | advantage {sample.advantage:+.3f}"))
     return texts
