@@ -81,7 +81,8 @@ def verbose() -> bool:
 def quiet_libraries() -> bool:
     """Keep library chatter (info logs, per-step warnings, progress bars) off the console; errors stay visible.
 
-    Call it before importing torch/transformers/trl (it imports neither). Does nothing with GRPO_VERBOSE=1.
+    Call it before importing torch/transformers/trl (it imports only their light logging modules).
+    Does nothing with GRPO_VERBOSE=1.
     Returns whether it silenced.
     """
     if verbose():
