@@ -1,0 +1,184 @@
+"""The guard around every reward: an exception, a hang or a bad return value never stops training.
+
+A failing completion scores the reward's failure value; on a timeout the whole batch does. Failures are counted
+(`guard.failures`), logged to TRL as `rewards/NAME/failed_frac` when it passes `log_metric`, and the first of each
+kind is shown once with the offending completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+from grpo_cli.rewards.registry import RewardSpec
+from grpo_cli.tasks.task import completion_text
+from grpo_cli.tasks.time_limit import TimeLimitExpired, time_limit
+
+logger = logging.getLogger("grpo_cli.rewards")
+
+PREVIEW_CHARS = 300
+
+
+def _preview(prompt: Any, completion: Any) -> str:
+    try:
+        text = completion_text(prompt, completion)
+    except Exception:  # noqa: BLE001 - a completion of an unexpected type: show what it is
+        text = repr(completion)
+    if len(text) > PREVIEW_CHARS:
+        text = text[:PREVIEW_CHARS] + f"... ({len(text)} characters)"
+    return repr(text)
+
+
+def _settle(result: Any) -> Any:
+    """The value of an async reward's result (TRL sees the guard as a plain function)."""
+    if inspect.isawaitable(result):
+
+        async def wait() -> Any:
+            return await result
+
+        return asyncio.run(wait())
+    return result
+
+
+def _slice(value: Any, index: int, n: int) -> Any:
+    if isinstance(value, (list, tuple)) and len(value) == n:
+        return value[index : index + 1]
+    return value
+
+
+class RewardGuard:
+    """A TRL reward callable wrapping one reward: same `__name__`, never raises, bounded by `timeout` seconds."""
+
+    def __init__(self, spec: RewardSpec, timeout: float | None):
+        self.spec = spec
+        self.timeout = timeout
+        self.__name__ = spec.name
+        self.failures = 0  # completions that got the failure value
+        self.exceptions = 0
+        self.timeouts = 0  # batches cut short
+        self.bad_values = 0
+        self.calls = 0
+        self.scored = 0  # completions seen
+        self._shown: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"RewardGuard({self.spec.name!r}, failures={self.failures})"
+
+    def _show_once(self, kind: str, message: str) -> None:
+        if kind not in self._shown:
+            self._shown.add(kind)
+            logger.warning("%s (further cases are counted, not shown)", message)
+
+    def _check_values(self, values: Any, n: int, prompts: list, completions: list) -> list[float | None]:
+        """Validated values; a wrong length or non-numeric value becomes the failure value (shown once)."""
+        failure = self.spec.failure
+        if not isinstance(values, (list, tuple)) or len(values) != n:
+            got = f"{len(values)} values" if isinstance(values, (list, tuple)) else type(values).__name__
+            self._show_once(
+                "length",
+                f"reward {self.spec.name} returned {got} for {n} completions - it must return one value per "
+                f"completion; the whole batch scores the failure value {failure:g}",
+            )
+            self.bad_values += n
+            self.failures += n
+            return [failure] * n
+        checked: list[float | None] = []
+        for i, value in enumerate(values):
+            if value is None:
+                checked.append(None)
+                continue
+            try:
+                if isinstance(value, (str, bytes)):
+                    raise TypeError
+                number = float(value)
+            except (TypeError, ValueError):
+                self._show_once(
+                    "value",
+                    f"reward {self.spec.name} returned {value!r:.60} (not a number or None); it scores "
+                    f"{failure:g} there. Completion: {_preview(prompts[i] if i < len(prompts) else None, completions[i])}",
+                )
+                self.bad_values += 1
+                self.failures += 1
+                checked.append(failure)
+                continue
+            checked.append(None if math.isnan(number) else number)
+        return checked
+
+    def _one_by_one(self, prompts: list, completions: list, kwargs: dict) -> list[float | None]:
+        """Score each completion alone, so only those that raise get the failure value."""
+        n = len(completions)
+        values: list[float | None] = []
+        for i in range(n):
+            one = {key: _slice(value, i, n) for key, value in kwargs.items()}
+            try:
+                result = _settle(
+                    self.spec.func(prompts=_slice(prompts, i, n), completions=completions[i : i + 1], **one)
+                )
+            except Exception as err:  # noqa: BLE001 - any error in a reward scores the failure value
+                self.exceptions += 1
+                self.failures += 1
+                self._show_once(
+                    "exception",
+                    f"reward {self.spec.name} raised {type(err).__name__}: {str(err)[:200]}; that completion "
+                    f"scores {self.spec.failure:g} and the run goes on. Completion: "
+                    f"{_preview(prompts[i] if i < len(prompts) else None, completions[i])}",
+                )
+                values.append(self.spec.failure)
+                continue
+            values.extend(self._check_values(result, 1, prompts[i : i + 1], completions[i : i + 1]))
+        return values
+
+    def __call__(self, prompts: list | None = None, completions: list | None = None, **kwargs: Any) -> list:
+        completions = list(completions or [])
+        prompts = list(prompts) if prompts is not None else [None] * len(completions)
+        n = len(completions)
+        failures_before = self.failures
+        self.calls += 1
+        self.scored += n
+        values: list[float | None] | None = None
+        try:
+            with time_limit(self.timeout) as limit:
+                try:
+                    result = _settle(self.spec.func(prompts=prompts, completions=completions, **kwargs))
+                except Exception:  # noqa: BLE001 - find which completions raise, one by one
+                    values = self._one_by_one(prompts, completions, kwargs)
+                else:
+                    values = self._check_values(result, n, prompts, completions)
+        except TimeLimitExpired:  # expired just as the block ended
+            limit.expired = True
+        if limit.expired or values is None:
+            self.timeouts += 1
+            self.failures = failures_before + n
+            longest = max(range(n), key=lambda i: len(str(completions[i])), default=None)
+            self._show_once(
+                "timeout",
+                f"reward {self.spec.name} took longer than {self.timeout:g} s on a batch of {n} completions; "
+                f"they all score {self.spec.failure:g} and the run goes on. Longest completion: "
+                + (_preview(prompts[longest], completions[longest]) if longest is not None else "none"),
+            )
+            values = [self.spec.failure] * n
+        log_metric = kwargs.get("log_metric")
+        if callable(log_metric) and n:
+            try:
+                log_metric(f"rewards/{self.spec.name}/failed_frac", (self.failures - failures_before) / n)
+            except Exception as err:  # noqa: BLE001 - metrics are best effort; scoring must go on
+                self._show_once("metric", f"could not log the failure rate of {self.spec.name}: {err}")
+        return values
+
+
+def build_reward_funcs(
+    names: list[str], timeout: float | None, base_dir: str | None = None
+) -> list[RewardGuard]:
+    """TRL-ready reward callables for the names (registered or user functions), each behind a RewardGuard."""
+    from grpo_cli.rewards.registry import resolve_reward
+
+    return [RewardGuard(resolve_reward(name, base_dir), timeout) for name in names]
+
+
+def failure_counts(funcs: list[Callable]) -> dict[str, int]:
+    """Failures so far per reward name, for guards among `funcs`."""
+    return {f.__name__: f.failures for f in funcs if isinstance(f, RewardGuard)}

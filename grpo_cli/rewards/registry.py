@@ -1,0 +1,250 @@
+"""The reward registry: built-in rewards by name, and users' own functions as `module:function` or `file.py:function`."""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import hashlib
+import importlib
+import importlib.util
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpo_cli.errors import UserError
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """A reward function and what is known about it."""
+
+    name: str
+    func: Callable
+    task: str | None = None
+    low: float | None = None
+    high: float | None = None
+    failure: float = 0.0  # what a completion scores when the reward raises or times out on it
+    doc: str = ""
+    columns: tuple[str, ...] = ()  # dataset columns the reward reads
+    source: str = "built-in"
+
+    @property
+    def range_text(self) -> str:
+        if self.low is None or self.high is None:
+            return "?"
+        return f"[{self.low:g}, {self.high:g}]"
+
+
+REWARDS: dict[str, RewardSpec] = {}
+
+
+def reward(
+    name: str,
+    task: str | None = None,
+    low: float | None = None,
+    high: float | None = None,
+    failure: float | None = None,
+    doc: str = "",
+    columns: tuple[str, ...] = (),
+) -> Callable[[Callable], Callable]:
+    """Decorator: register a TRL reward function `fn(prompts, completions, **kwargs) -> list[float | None]`.
+
+    `failure` defaults to `low` (else 0.0): a completion that crashes or hangs the reward scores the worst.
+    """
+
+    def register(func: Callable) -> Callable:
+        spec = RewardSpec(
+            name=name,
+            func=func,
+            task=task,
+            low=low,
+            high=high,
+            failure=failure if failure is not None else (low if low is not None else 0.0),
+            doc=doc or (inspect.getdoc(func) or "").split("\n")[0],
+            columns=tuple(columns),
+            source="built-in" if func.__module__.startswith("grpo_cli.") else func.__module__,
+        )
+        if name in REWARDS and REWARDS[name].func is not func and spec.source == "built-in":
+            raise ValueError(f"reward {name} is registered twice")
+        REWARDS[name] = spec
+        func.reward_spec = spec  # type: ignore[attr-defined]
+        return func
+
+    return register
+
+
+def _split_reference(name: str) -> tuple[str, str]:
+    target, _, function = name.rpartition(":")
+    if not target or not function.isidentifier():
+        raise UserError(
+            f"reward '{name}': write 'package.module:function' or 'path/to/file.py:function' "
+            "with a Python function name after the colon"
+        )
+    return target, function
+
+
+def _is_file_reference(target: str) -> bool:
+    return target.endswith(".py") or "/" in target or "\\" in target
+
+
+def _file_path(target: str, base_dir: str | Path | None) -> Path:
+    path = Path(target).expanduser()
+    if not path.is_absolute() and not path.exists() and base_dir is not None:
+        path = Path(base_dir) / path
+    return path
+
+
+def _defines(source: str, function: str) -> bool:
+    """Whether Python source defines `function` at top level (def, assignment or import)."""
+    tree = ast.parse(source)
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function:
+            return True
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == function for t in node.targets
+        ):
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+            (a.asname or a.name.split(".")[0]) == function for a in node.names
+        ):
+            return True
+    return False
+
+
+def _unknown(name: str) -> str:
+    close = difflib.get_close_matches(name, REWARDS, n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return (
+        f"unknown reward '{name}' (key: reward_funcs) - {hint}see `grpo rewards list`, "
+        "or name your own function as 'package.module:function' or 'path/to/file.py:function'"
+    )
+
+
+def reward_names_problems(names: list[str], base_dir: str | Path | None = None) -> list[str]:
+    """Problems with reward names, found without importing user code: unknown names, missing files or functions."""
+    problems = []
+    seen = set()
+    for name in names:
+        if not isinstance(name, str) or not name:
+            problems.append(f"reward_funcs: {name!r} is not a reward name")
+            continue
+        if name in seen:
+            problems.append(
+                f"reward_funcs: '{name}' is listed twice - list each reward once (weights scale them)"
+            )
+        seen.add(name)
+        if name in REWARDS:
+            continue
+        if ":" not in name:
+            problems.append(_unknown(name))
+            continue
+        try:
+            target, function = _split_reference(name)
+        except UserError as err:
+            problems.extend(err.problems)
+            continue
+        if _is_file_reference(target):
+            path = _file_path(target, base_dir)
+            if not path.is_file():
+                problems.append(f"reward '{name}': file '{target}' not found - check the path")
+                continue
+            source = path.read_text(encoding="utf-8", errors="replace")
+        else:
+            try:
+                spec = importlib.util.find_spec(target)
+            except (ImportError, ValueError) as err:
+                spec, error = None, err
+            else:
+                error = None
+            if spec is None:
+                why = f" ({error})" if error else ""
+                problems.append(
+                    f"reward '{name}': module '{target}' not found{why} - is it installed or on PYTHONPATH?"
+                )
+                continue
+            if not spec.origin or not spec.origin.endswith(".py"):
+                continue  # compiled or namespace module: only importing it can tell
+            source = Path(spec.origin).read_text(encoding="utf-8", errors="replace")
+        try:
+            defined = _defines(source, function)
+        except SyntaxError as err:
+            problems.append(
+                f"reward '{name}': {err.filename or target}:{err.lineno}: syntax error ({err.msg})"
+            )
+            continue
+        if not defined:
+            problems.append(f"reward '{name}': '{target}' defines no function '{function}'")
+    return problems
+
+
+def _load_file(path: Path):
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    module_name = f"grpo_user_rewards_{path.stem}_{digest}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise UserError(f"cannot load '{path}' as Python code")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _signature_problem(func: Callable) -> str | None:
+    try:
+        params = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    kinds = {p.kind for p in params}
+    if inspect.Parameter.VAR_KEYWORD not in kinds:
+        return "must accept **kwargs (TRL passes prompts, completions and every dataset column as keywords)"
+    if inspect.Parameter.POSITIONAL_ONLY in kinds:
+        return "must take its arguments by keyword (TRL calls fn(prompts=..., completions=..., **columns))"
+    return None
+
+
+def resolve_reward(name: str, base_dir: str | Path | None = None) -> RewardSpec:
+    """The RewardSpec for a registered name, 'package.module:function' or 'path/to/file.py:function'."""
+    if name in REWARDS:
+        return REWARDS[name]
+    if ":" not in name:
+        raise UserError(_unknown(name))
+    problems = reward_names_problems([name], base_dir)
+    if problems:
+        raise UserError(*problems)
+    target, function = _split_reference(name)
+    try:
+        module = (
+            _load_file(_file_path(target, base_dir))
+            if _is_file_reference(target)
+            else importlib.import_module(target)
+        )
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the user's module failed to import: show why, not our traceback
+        raise UserError(
+            f"reward '{name}': importing '{target}' failed ({type(err).__name__}: {err})"
+        ) from None
+    func = getattr(module, function, None)
+    if func is None or not callable(func):
+        raise UserError(f"reward '{name}': '{target}' has no function '{function}'")
+    problem = _signature_problem(func)
+    if problem:
+        raise UserError(f"reward '{name}': {problem}")
+    own = getattr(func, "reward_spec", None)
+    if isinstance(own, RewardSpec):
+        return RewardSpec(**{**own.__dict__, "name": function, "source": name})
+    doc = (inspect.getdoc(func) or "").split("\n")[0]
+    return RewardSpec(name=function, func=func, doc=doc, source=name)
+
+
+def reward_table(task: str | None = None):
+    """A Rich table of the registered rewards (of one task if given): name, task, range, columns, what it checks."""
+    from rich.table import Table
+
+    table = Table(title="rewards", title_justify="left")
+    for column in ("reward", "task", "range", "columns", "what it checks"):
+        table.add_column(column, overflow="fold")
+    for name, spec in sorted(REWARDS.items(), key=lambda item: (item[1].task or "", item[0])):
+        if task is None or spec.task == task:
+            table.add_row(name, spec.task or "-", spec.range_text, ", ".join(spec.columns) or "-", spec.doc)
+    return table

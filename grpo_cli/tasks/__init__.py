@@ -1,0 +1,35 @@
+"""Tasks: turn dataset rows into prompts, know their answer columns, default rewards and correctness check.
+
+Built in: countdown, gsm8k, dapo_math. Nothing heavy is imported here (datasets and math-verify load lazily).
+"""
+
+from __future__ import annotations
+
+from grpo_cli.tasks import countdown, dapo_math, gsm8k  # noqa: F401  (register the built-in tasks)
+from grpo_cli.tasks.dataset import (
+    CHAT_TEMPLATES,
+    chat_template_text,
+    dataset_source,
+    load_task_dataset,
+    reference_messages,
+    sft_dataset,
+    task_problems,
+)
+from grpo_cli.tasks.task import TASKS, Task, completion_text, for_prefill, get_task, register_task, task_table
+
+__all__ = [
+    "CHAT_TEMPLATES",
+    "TASKS",
+    "Task",
+    "chat_template_text",
+    "completion_text",
+    "dataset_source",
+    "for_prefill",
+    "get_task",
+    "load_task_dataset",
+    "reference_messages",
+    "register_task",
+    "sft_dataset",
+    "task_problems",
+    "task_table",
+]

@@ -1,0 +1,136 @@
+"""GSM8K grade-school math in the popular GRPO recipe's XML format (<reasoning> then <answer>)."""
+
+from __future__ import annotations
+
+import re
+
+from grpo_cli.tasks.answers import parse_number
+from grpo_cli.tasks.task import MAX_TEXT_CHARS, Task, register_task
+
+SYSTEM_PROMPT = """\
+Respond in the following format:
+<reasoning>
+...
+</reasoning>
+<answer>
+...
+</answer>"""
+TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
+_CALCULATOR = re.compile(r"<<[^<>]{0,200}>>")  # GSM8K's calculator annotations: 48/2=24 written <<48/2=24>>
+
+
+def gold_answer(answer) -> str:
+    """The gold final answer of a GSM8K `answer` cell: the text after '####' (commas removed), or the whole cell."""
+    text = str(answer)
+    if "####" in text:
+        text = text.rsplit("####", 1)[1]
+    return text.strip().replace(",", "")
+
+
+def answer_of(text: str) -> str:
+    """The popular recipe's extraction: the text after the last <answer>, up to the next </answer>, stripped."""
+    if len(text) > MAX_TEXT_CHARS:
+        return ""
+    return text.split("<answer>")[-1].split("</answer>")[0].strip()
+
+
+def is_strict(text: str) -> bool:
+    """Exactly `<reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>\\n`, each tag once."""
+    if len(text) > MAX_TEXT_CHARS or any(text.count(tag) != 1 for tag in TAGS):
+        return False
+    if not (text.startswith("<reasoning>\n") and text.endswith("\n</answer>\n")):
+        return False
+    middle = text.find("\n</reasoning>\n<answer>\n")
+    return middle >= len("<reasoning>\n") and middle + len("\n</reasoning>\n<answer>\n") <= len(text) - len(
+        "\n</answer>\n"
+    )
+
+
+_SOFT_JOIN = re.compile(r"</reasoning>\s*<answer>")
+
+
+def is_soft(text: str) -> bool:
+    """Starts with <reasoning>, then </reasoning>, optional whitespace, <answer>, ... </answer> (any lines)."""
+    if len(text) > MAX_TEXT_CHARS or not text.startswith("<reasoning>"):
+        return False
+    join = _SOFT_JOIN.search(text)
+    return join is not None and "</answer>" in text[join.end() :]
+
+
+def xml_count(text: str) -> float:
+    """The recipe's tag count: 0.125 per well-placed tag, minus 0.001 per character after the answer."""
+    if len(text) > MAX_TEXT_CHARS:
+        return -0.5
+    score = 0.0
+    if text.count("<reasoning>\n") == 1:
+        score += 0.125
+    if text.count("\n</reasoning>\n") == 1:
+        score += 0.125
+    if text.count("\n<answer>\n") == 1:
+        score += 0.125
+        score -= len(text.split("\n</answer>\n")[-1]) * 0.001
+    if text.count("\n</answer>") == 1:
+        score += 0.125
+        # The recipe subtracts (len - 1) to allow the final newline; never add for a missing one.
+        score -= max(len(text.split("\n</answer>")[-1]) - 1, 0) * 0.001
+    return max(score, -0.5)
+
+
+@register_task
+class Gsm8kTask(Task):
+    name = "gsm8k"
+    description = "Grade-school math word problems; answer after '####' (openai/gsm8k)."
+    default_dataset = "openai/gsm8k"
+    default_config = "main"
+    answer_columns = ("answer",)
+    question_column = "question"
+    default_rewards = (
+        "gsm8k_xml_count",
+        "gsm8k_soft_format",
+        "gsm8k_strict_format",
+        "gsm8k_int",
+        "gsm8k_correctness",
+    )
+    default_system_prompt = SYSTEM_PROMPT
+
+    def column_problems(self, row: dict, columns: tuple[str, ...] | None = None) -> list[str]:
+        problems = super().column_problems(row, columns)
+        columns = self.answer_columns if columns is None else columns
+        if "answer" in columns and "answer" in row:
+            value = row["answer"]
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)) or not gold_answer(value):
+                problems.append(f"'answer' must be a non-empty string or number, got {value!r:.60}")
+        return problems
+
+    def sft_completion(self, row: dict) -> str | None:
+        text = str(row.get("answer", ""))
+        if "####" not in text:
+            return None
+        reasoning = _CALCULATOR.sub("", text.rsplit("####", 1)[0]).strip()
+        if not reasoning or any(tag in reasoning for tag in TAGS):
+            return None
+        return f"<reasoning>\n{reasoning}\n</reasoning>\n<answer>\n{gold_answer(text)}\n</answer>\n"
+
+    def answer_completion(self, row: dict) -> str | None:
+        gold = gold_answer(row.get("answer", ""))
+        if not gold:
+            return None
+        return f"<reasoning>\nThe answer is {gold}.\n</reasoning>\n<answer>\n{gold}\n</answer>\n"
+
+    def malformed_completions(self, row: dict) -> list[str]:
+        gold = gold_answer(row.get("answer", ""))
+        number = parse_number(gold)
+        wrong = str(number.numerator + 1) if number is not None and number.denominator == 1 else "0"
+        return [
+            f"<reasoning>\nI worked it out.\n</reasoning>\n<answer>\n{wrong}\n</answer>\n",  # wrong answer
+            f"The answer is {gold}.",  # no tags
+            f"<answer>\n{gold}\n</answer>\n",  # no reasoning
+            f"<reasoning>\nI worked it out.\n</reasoning>\n<answer>\n{gold}\n</answer>\n<answer>\n{gold}\n</answer>\n",
+        ]
+
+    def is_formatted(self, text: str) -> bool:
+        return is_strict(text)
+
+    def is_correct(self, text: str, row: dict) -> bool:
+        guess, gold = parse_number(answer_of(text)), parse_number(gold_answer(row["answer"]))
+        return guess is not None and gold is not None and guess == gold

@@ -1,0 +1,217 @@
+"""The Task base class and registry: a task turns a dataset row into a prompt and knows how to check the answer."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from grpo_cli.errors import UserError
+from grpo_cli.recipe.args import TaskArguments
+
+TASKS: dict[str, Task] = {}
+
+# Texts longer than this are treated as malformed: every check below scans the text a bounded number of times.
+MAX_TEXT_CHARS = 400_000
+
+
+def register_task(cls: type[Task]) -> type[Task]:
+    """Class decorator: add one instance of the task to TASKS under its name."""
+    TASKS[cls.name] = cls()
+    return cls
+
+
+def get_task(name: str) -> Task:
+    """The registered task called `name`; UserError listing the known tasks otherwise."""
+    if name in TASKS:
+        return TASKS[name]
+    close = difflib.get_close_matches(name, TASKS, n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    raise UserError(f"unknown task '{name}' (key: task) - {hint}known tasks: {', '.join(sorted(TASKS))}")
+
+
+class Task:
+    """Turns dataset rows into prompts and checks completions; subclasses register with @register_task."""
+
+    name: str = ""
+    description: str = ""
+    default_dataset: str = ""
+    default_config: str | None = None
+    answer_columns: tuple[str, ...] = ()
+    question_column: str = ""
+    default_rewards: tuple[str, ...] = ()
+    default_system_prompt: str = ""
+    default_prefill: str = ""
+
+    # Rows: loading, checking, prompting.
+
+    def normalize(self, row: dict) -> dict:
+        """The row with the task's canonical columns filled from known aliases (default: unchanged)."""
+        return row
+
+    def column_problems(self, row: dict, columns: tuple[str, ...] | None = None) -> list[str]:
+        """What is missing or of the wrong type among `columns` (default: the answer columns) of one row."""
+        columns = self.answer_columns if columns is None else columns
+        return [f"missing column '{c}'" for c in columns if c not in row]
+
+    def question(self, row: dict) -> str:
+        """The task's own user message for a row."""
+        if self.question_column not in row:
+            raise UserError(
+                f"task {self.name}: the row has no column '{self.question_column}' for the user message "
+                f"(columns: {', '.join(sorted(row))}) - set prompt_column or prompt_template in the recipe"
+            )
+        return str(row[self.question_column])
+
+    def user_message(self, row: dict, args: TaskArguments | None = None) -> str:
+        """The user message: the recipe's prompt_template or prompt_column if set, else the task's own."""
+        args = args or TaskArguments(task=self.name)
+        if args.prompt_template:
+            try:
+                return args.prompt_template.format_map(row)
+            except (KeyError, IndexError, AttributeError, ValueError) as err:
+                raise UserError(
+                    f"prompt_template {args.prompt_template!r} does not fit the row ({type(err).__name__}: {err}; "
+                    f"columns: {', '.join(sorted(row))}) - use {{column}} placeholders of existing columns "
+                    "and write literal braces as {{ and }}"
+                ) from None
+        if args.prompt_column:
+            if args.prompt_column not in row:
+                raise UserError(
+                    f"prompt_column '{args.prompt_column}' is not a column of the dataset "
+                    f"(columns: {', '.join(sorted(row))}) - name an existing column"
+                )
+            return str(row[args.prompt_column])
+        return self.question(row)
+
+    def system_prompt(self, args: TaskArguments | None = None) -> str:
+        """The system message: the recipe's when set ('' for none), else the task's."""
+        if args is not None and args.system_prompt is not None:
+            return args.system_prompt
+        return self.default_system_prompt
+
+    def prefill(self, args: TaskArguments | None = None) -> str:
+        """The text the assistant turn starts with: the recipe's when set ('' for none), else the task's."""
+        if args is not None and args.prefill is not None:
+            return args.prefill
+        return self.default_prefill
+
+    def prompt(self, row: dict, args: TaskArguments | None = None) -> list[dict]:
+        """Chat messages for a row: [system?, user, assistant prefill?]."""
+        messages = []
+        system = self.system_prompt(args)
+        if system:
+            messages.append({"role": "system", "content": system})
+        messages.append({"role": "user", "content": self.user_message(row, args)})
+        prefill = self.prefill(args)
+        if prefill:
+            messages.append({"role": "assistant", "content": prefill})
+        return messages
+
+    # Reference and malformed completions (text that follows the task's default prefill).
+
+    def sft_completion(self, row: dict) -> str | None:
+        """Well-formatted assistant text built from the row's reference solution, or None if it has none."""
+        return None
+
+    def answer_completion(self, row: dict) -> str | None:
+        """A short well-formatted completion stating the row's gold answer (when there is no worked solution)."""
+        return None
+
+    def reference_completion(self, row: dict) -> str | None:
+        """The worked solution if the row has one, else a short completion stating the gold answer."""
+        completion = self.sft_completion(row)
+        return completion if completion is not None else self.answer_completion(row)
+
+    def malformed_completions(self, row: dict) -> list[str]:
+        """Completions a correct reward set must score below the reference one."""
+        return []
+
+    # Checks on text = prefill + completion.
+
+    def is_formatted(self, text: str) -> bool:
+        """Whether the text follows the task's strict format."""
+        raise UserError(f"task {self.name} has no format check")
+
+    def is_correct(self, text: str, row: dict) -> bool:
+        """Whether the text's final answer is correct for the row."""
+        raise UserError(f"task {self.name} has no correctness check")
+
+    def generate(self, num: int, seed: int) -> list[dict] | None:
+        """Generated rows, for tasks that can make their own data; None otherwise."""
+        return None
+
+    @property
+    def generates(self) -> bool:
+        """Whether the task can generate its own rows (dataset_generate)."""
+        return type(self).generate is not Task.generate
+
+
+def for_prefill(task: Task, completion: str, prefill: str) -> str:
+    """Re-base a completion written after the task's default prefill onto another prefill.
+
+    The full assistant text is default prefill + completion; when it starts with `prefill`, the part after it
+    is returned, so the same reference text works with the default prefill, none, or a shorter one.
+    """
+    full = task.default_prefill + completion
+    return full[len(prefill) :] if full.startswith(prefill) else completion
+
+
+def message_text(content: Any) -> str:
+    """Text of a message content: a string, or a list of parts with "text"."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text") or "" if isinstance(part, dict) else str(part) for part in content)
+    return str(content)
+
+
+def task_table():
+    """A Rich table of the registered tasks: name, default dataset, answer columns, default rewards."""
+    from rich.table import Table
+
+    table = Table(title="tasks", title_justify="left")
+    for column in ("task", "default dataset", "answer columns", "default rewards", "what it is"):
+        table.add_column(column, overflow="fold")
+    for name in sorted(TASKS):
+        task = TASKS[name]
+        dataset = task.default_dataset + (" (or generated)" if task.generates else "")
+        table.add_row(
+            name, dataset, ", ".join(task.answer_columns), ", ".join(task.default_rewards), task.description
+        )
+    return table
+
+
+def completion_text(prompt: Any, completion: Any) -> str:
+    """Text the rewards see: the assistant prefill (last prompt message, if from the assistant) + the completion.
+
+    Conversational completions ([{"role": "assistant", "content": ...}, ...]) are joined; plain strings are used
+    as they are. A plain-string prompt carries no prefill the rewards could tell apart from the prompt.
+    """
+    if isinstance(completion, list):
+        text = "".join(message_text(m.get("content")) if isinstance(m, dict) else str(m) for m in completion)
+    elif isinstance(completion, dict):
+        text = message_text(completion.get("content"))
+    else:
+        text = message_text(completion)
+    prefill = ""
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and isinstance(prompt[-1], dict)
+        and prompt[-1].get("role") == "assistant"
+    ):
+        prefill = message_text(prompt[-1].get("content"))
+    return prefill + text
+
+
+def last_block(text: str, start: str, end: str) -> str | None:
+    """Content of the last start...end block of the text, or None (linear time, no regex)."""
+    close = text.rfind(end)
+    if close < 0:
+        return None
+    open_ = text.rfind(start, 0, close)
+    if open_ < 0:
+        return None
+    return text[open_ + len(start) : close]
