@@ -241,3 +241,117 @@ def models_prepare(
     path = prepare_demo_model(name, force=force)
     console.print(f"[bold green]ready[/] {name}: {path}")
     typer.echo(str(path))
+
+# --- tasks, data and rewards -------------------------------------------------------------------------------------
+
+
+@app.command("tasks")
+def tasks_list() -> None:
+    """List the tasks: default dataset, the answer columns they need, their default rewards."""
+    from grpo_cli.console import console
+    from grpo_cli.tasks import task_table
+
+    console.print(task_table())
+
+
+data_app = typer.Typer(help="Make training data without a download.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("countdown")
+def data_countdown(
+    num: Annotated[int, typer.Option("--num", "-n", help="How many tasks.")] = 1000,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed: the same seed writes the same tasks.")] = 0,
+    out: Annotated[str, typer.Option("--out", "-o", help="Output .jsonl file (nums, target, solution).")] = (
+        "countdown.jsonl"
+    ),
+    min_numbers: Annotated[int, typer.Option("--min-numbers", help="Fewest numbers per task.")] = 3,
+    max_numbers: Annotated[int, typer.Option("--max-numbers", help="Most numbers per task.")] = 4,
+    max_number: Annotated[int, typer.Option("--max-number", help="Largest given number.")] = 99,
+    max_target: Annotated[int, typer.Option("--max-target", help="Largest target.")] = 100,
+) -> None:
+    """Write solvable Countdown tasks, each with one reference solution (exact arithmetic, integer steps)."""
+    from grpo_cli.console import console
+    from grpo_cli.tasks.countdown import write_generated
+
+    rows = write_generated(
+        out, num, seed, min_numbers=min_numbers, max_numbers=max_numbers, max_number=max_number, max_target=max_target
+    )
+    console.print(f"[bold green]wrote[/] {len(rows)} countdown tasks to {out} (seed {seed})")
+
+
+rewards_app = typer.Typer(help="Reward functions: list them, score completions, test a recipe's set.", no_args_is_help=True)
+app.add_typer(rewards_app, name="rewards")
+
+
+@rewards_app.command("list")
+def rewards_list(
+    task: Annotated[Optional[str], typer.Option("--task", help="Only the rewards of this task.")] = None,
+) -> None:
+    """List the registered rewards: name, task, range, the dataset columns they read, what they check."""
+    from grpo_cli.console import console
+    from grpo_cli.rewards.registry import reward_table
+
+    if task is not None:
+        from grpo_cli.tasks import get_task
+
+        get_task(task)
+    console.print(reward_table(task))
+
+
+def _reward_setup(config: str, overrides: list[str]):
+    from grpo_cli.recipe import load_recipe
+    from grpo_cli.recipe.show import guess_command
+    from grpo_cli.rewards.scoring import setup_from_recipe
+
+    return setup_from_recipe(load_recipe(config, overrides, command=guess_command(config)))
+
+
+@rewards_app.command("score", context_settings=EXTRA_ARGS)
+def rewards_score(
+    ctx: typer.Context,
+    config: Annotated[str, RECIPE_OPTION],
+    input: Annotated[str, typer.Option("--input", "-i", help="JSONL: the task's columns + completion (+ prompt).")],
+    output: Annotated[
+        Optional[str], typer.Option("--output", "-o", help="Scored JSONL (default: standard output).")
+    ] = None,
+) -> None:
+    """Score completions with the recipe's rewards (no model): one field per reward and the weighted total.
+
+    Keys after the recipe override it: `grpo rewards score -c gsm8k -i completions.jsonl --reward_weights 1 1 1 1 2`.
+    """
+    import json
+
+    from grpo_cli.console import console
+    from grpo_cli.rewards.scoring import score_file, score_table
+
+    summary = score_file(_reward_setup(config, ctx.args), input, output)
+    console.print(score_table(summary))
+    if output is None:
+        for line in summary["lines"]:
+            sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")
+    else:
+        console.print(f"[bold green]wrote[/] {len(summary['lines'])} scored lines to {output}")
+
+
+@rewards_app.command("test", context_settings=EXTRA_ARGS)
+def rewards_test(
+    ctx: typer.Context,
+    config: Annotated[str, RECIPE_OPTION],
+    rows: Annotated[int, typer.Option("--rows", help="How many of the dataset's first rows to test.")] = 5,
+) -> None:
+    """Check the recipe's rewards on its own rows: reference answers must get the top score, malformed ones less.
+
+    For a Hub dataset, point at a local file: `grpo rewards test -c gsm8k --dataset_name tests/data/gsm8k.jsonl`.
+    """
+    from grpo_cli.console import console
+    from grpo_cli.rewards.scoring import reward_test_table, run_reward_test
+
+    report = run_reward_test(_reward_setup(config, ctx.args), rows)
+    if report.cases:
+        console.print(reward_test_table(report))
+    if report.skipped_rows:
+        console.print(f"{report.skipped_rows} row(s) skipped: no reference answer to write as a completion")
+    if report.problems:
+        raise UserError(*report.problems)
+    console.print(f"[bold green]ok[/] {len(report.cases)} completions scored as expected")

@@ -2,7 +2,8 @@
 
 Fixed from the original: the format patterns accept multi-line reasoning (the original regexes lacked DOTALL,
 so they almost never fired), numbers compare by value ("1,234" = "1234", "72.0" = "72"), digits are ASCII only,
-and the XML count never adds for a missing final newline and bottoms out at -0.5.
+and the XML count penalises only text after </answer> (not the whole text when the final newline is
+missing) and bottoms out at -0.5.
 """
 
 from __future__ import annotations

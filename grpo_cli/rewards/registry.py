@@ -242,7 +242,9 @@ def reward_table(task: str | None = None):
     from rich.table import Table
 
     table = Table(title="rewards", title_justify="left")
-    for column in ("reward", "task", "range", "columns", "what it checks"):
+    for column in ("reward", "task", "range"):
+        table.add_column(column, no_wrap=True)
+    for column in ("columns", "what it checks"):
         table.add_column(column, overflow="fold")
     for name, spec in sorted(REWARDS.items(), key=lambda item: (item[1].task or "", item[0])):
         if task is None or spec.task == task:

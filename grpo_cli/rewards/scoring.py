@@ -3,6 +3,7 @@ rewards on its own rows' reference answers and on malformed ones)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -285,7 +286,8 @@ def run_reward_test(setup: RewardSetup, num_rows: int = 5) -> RewardTestReport:
 
     if num_rows < 1:
         raise UserError(f"--rows must be at least 1, got {num_rows}")
-    args = setup.task_args
+    # Only the first rows matter here: no held-out split to carve, no sampling.
+    args = dataclasses.replace(setup.task_args, dataset_test_size=0.0, max_samples=None)
     data = load_task_dataset(args, args.dataset_train_split)
     rows = [data[i] for i in range(min(num_rows, len(data)))]
     task, prefill = setup.task, setup.task.prefill(args)
@@ -342,7 +344,7 @@ def reward_test_table(report: RewardTestReport):
 
     table = Table(title="rewards test", title_justify="left")
     table.add_column("row", justify="right")
-    table.add_column("completion")
+    table.add_column("completion", no_wrap=True)
     for name in report.names:
         table.add_column(name, justify="right")
     table.add_column("total", justify="right")

@@ -88,7 +88,8 @@ def _load_all(args: TaskArguments, task: Task) -> datasets.DatasetDict:
                 raise UserError(f"dataset_name: '{name}' is not a .jsonl, .json, .parquet or .csv file")
             if path.stat().st_size == 0:
                 raise UserError(f"dataset_name: '{name}' is empty")
-            return datasets.load_dataset(builder, data_files=str(path))
+            # One file is one split: name it as the recipe's train split, so `dataset_train_split` needs no change.
+            return datasets.load_dataset(builder, data_files={args.dataset_train_split: str(path)})
         except UserError:
             raise
         except Exception as err:  # noqa: BLE001 - datasets raises many types for unreadable files

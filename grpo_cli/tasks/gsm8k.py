@@ -58,21 +58,24 @@ def is_soft(text: str) -> bool:
 
 
 def xml_count(text: str) -> float:
-    """The recipe's tag count: 0.125 per well-placed tag, minus 0.001 per character after the answer."""
+    """The recipe's tag count: 0.125 per well-placed tag, minus 0.001 per character after </answer> (twice).
+
+    Fixed from the original: when the text ends right after "\n</answer>" (no final newline), the original took
+    the whole text as "after the answer" and subtracted its length; here only text after the tag counts.
+    """
     if len(text) > MAX_TEXT_CHARS:
         return -0.5
+    after = text.rsplit("\n</answer>", 1)[1] if "\n</answer>" in text else ""
+    trailing = len(after.removeprefix("\n")) * 0.001
     score = 0.0
     if text.count("<reasoning>\n") == 1:
         score += 0.125
     if text.count("\n</reasoning>\n") == 1:
         score += 0.125
     if text.count("\n<answer>\n") == 1:
-        score += 0.125
-        score -= len(text.split("\n</answer>\n")[-1]) * 0.001
+        score += 0.125 - trailing
     if text.count("\n</answer>") == 1:
-        score += 0.125
-        # The recipe subtracts (len - 1) to allow the final newline; never add for a missing one.
-        score -= max(len(text.split("\n</answer>")[-1]) - 1, 0) * 0.001
+        score += 0.125 - trailing
     return max(score, -0.5)
 
 

@@ -172,11 +172,13 @@ def task_table():
     from rich.table import Table
 
     table = Table(title="tasks", title_justify="left")
-    for column in ("task", "default dataset", "answer columns", "default rewards", "what it is"):
+    table.add_column("task", no_wrap=True)
+    table.add_column("default dataset", no_wrap=True)  # whole, to copy
+    for column in ("answer columns", "default rewards", "what it is"):
         table.add_column(column, overflow="fold")
     for name in sorted(TASKS):
         task = TASKS[name]
-        dataset = task.default_dataset + (" (or generated)" if task.generates else "")
+        dataset = task.default_dataset + ("\n(or generated)" if task.generates else "")
         table.add_row(
             name, dataset, ", ".join(task.answer_columns), ", ".join(task.default_rewards), task.description
         )

@@ -1,0 +1,370 @@
+"""Every built-in reward on literal completions: prefills, tags, trailing text, arithmetic traps, number formats."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_cli.rewards import REWARDS
+from grpo_cli.rewards.countdown import countdown_equation, countdown_format
+from grpo_cli.rewards.dapo_math import dapo_answer, dapo_format_approx, dapo_format_exact, dapo_numbers
+from grpo_cli.rewards.gsm8k import (
+    gsm8k_correctness,
+    gsm8k_int,
+    gsm8k_soft_format,
+    gsm8k_strict_format,
+    gsm8k_xml_count,
+)
+from grpo_cli.tasks import answers, equation
+from grpo_cli.tasks.countdown import PREFILL
+from grpo_cli.tasks.task import MAX_TEXT_CHARS
+
+COUNTDOWN_PROMPT = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Using the numbers [44, 19, 35], create an equation that equals 98."},
+    {"role": "assistant", "content": PREFILL},
+]
+DAPO_PROMPT = [
+    {"role": "user", "content": "Compute 3/4 - 1/4."},
+    {"role": "assistant", "content": "<start_working_out>"},
+]
+
+
+def chat(text: str) -> list[dict]:
+    return [{"role": "assistant", "content": text}]
+
+
+def one(func, completion: str, prompt=None, **columns):
+    """Score one conversational completion (prompt given: its prefill counts)."""
+    columns = {k: [v] for k, v in columns.items()}
+    return func(prompts=[prompt], completions=[chat(completion)], **columns)[0]
+
+
+def equation_score(answer: str, nums=(44, 19, 35), target=98) -> float:
+    return one(
+        countdown_equation,
+        f" ok</think>\n<answer>{answer}</answer>",
+        COUNTDOWN_PROMPT,
+        nums=list(nums),
+        target=target,
+    )
+
+
+# --- countdown ---------------------------------------------------------------------------------------------------
+
+
+def test_countdown_format_counts_the_prefilled_think_tag():
+    completion = " 44 + 19 = 63, 63 + 35 = 98.\n</think>\n<answer>44 + 19 + 35</answer>"
+    assert one(countdown_format, completion, COUNTDOWN_PROMPT) == 1.0
+    # Without the prefill the opening <think> is missing.
+    assert one(countdown_format, completion, COUNTDOWN_PROMPT[:2]) == 0.0
+    # A model that writes its own <think> without a prefill is formatted too.
+    assert one(countdown_format, "<think>x</think><answer>1</answer>", COUNTDOWN_PROMPT[:2]) == 1.0
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        " thinking</think>\n44 + 19 + 35",  # no answer tags
+        " thinking\n<answer>44 + 19 + 35</answer>",  # </think> missing
+        " thinking</think>\n<answer>44 + 19 + 35",  # </answer> missing
+        " a</think><think>b</think>\n<answer>44 + 19 + 35</answer>",  # doubled think
+        " a</think>\n<answer>1</answer><answer>44 + 19 + 35</answer>",  # doubled answer
+        " a</think>\n<answer>44 + 19 + 35</answer> I hope that helps!",  # trailing text
+        " a</think> so <answer>44 + 19 + 35</answer>",  # text between think and answer
+        " a</think>\n<answer>   </answer>",  # empty answer
+        " <answer>44 + 19 + 35</answer></think>",  # answer inside think
+    ],
+)
+def test_countdown_format_rejects_malformed(completion):
+    assert one(countdown_format, completion, COUNTDOWN_PROMPT) == 0.0
+
+
+def test_countdown_format_allows_surrounding_whitespace_and_newlines():
+    assert (
+        one(countdown_format, " a\n\n</think>\n\n<answer>\n44 + 19 + 35\n</answer>\n\n", COUNTDOWN_PROMPT)
+        == 1.0
+    )
+
+
+def test_countdown_rewards_take_plain_string_prompts_and_completions():
+    completions = [
+        "<think>x</think><answer>44 + 19 + 35</answer>",
+        "<think>x</think><answer>44 + 19</answer>",
+    ]
+    prompts = ["Using the numbers ...", "Using the numbers ..."]
+    assert countdown_format(prompts=prompts, completions=completions) == [1.0, 1.0]
+    assert countdown_equation(
+        prompts=prompts, completions=completions, nums=[[44, 19, 35]] * 2, target=[98, 98]
+    ) == [
+        1.0,
+        0.0,
+    ]
+
+
+def test_countdown_equation_accepts_correct_equations():
+    assert equation_score("44 + 19 + 35") == 1.0
+    assert equation_score("(44 + 19) + 35 = 98") == 1.0  # "= target" is allowed
+    assert equation_score("\n  35 +\n 44 + 19 \n") == 1.0  # whitespace and newlines
+    assert equation_score("(-19 + 44) * 4 - 2", nums=(44, 19, 4, 2)) == 1.0  # unary minus
+    assert equation_score("100 / (2 * 5)", nums=(100, 2, 5), target=10) == 1.0  # exact division
+    assert equation_score("7 / 2 * 2", nums=(7, 2, 2), target=7) == 1.0  # exact fractions, no float error
+
+
+@pytest.mark.parametrize(
+    ("answer", "nums", "target"),
+    [
+        ("44 + 19 + 35 = 99", (44, 19, 35), 98),  # right side is not the target
+        ("44 + 19", (44, 19, 35), 63),  # not every number used (the reference recipe's rule)
+        ("44 + 44 + 10", (44, 19, 35), 98),  # a number used twice
+        ("3.5 + 7", (3, 5, 7), 10.5),  # fused digits "3.5" from 3 and 5
+        ("35 + 7", (3, 5, 7), 42),  # fused digits "35"
+        ("3 ** 5 - 7", (3, 5, 7), 236),  # power
+        ("44**19**35", (44, 19, 35), 98),  # the reference eval's hang
+        ("(7 // 5) * 3 * 5", (3, 5, 7), 15),  # floor division
+        ("3 * 5 + 7 / (5 - 5)", (3, 5, 5, 7), 22),  # division by zero
+        ("٣ * ٥ + ٧", (3, 5, 7), 22),  # Arabic-Indic digits
+        ("３ * ５ + ７", (3, 5, 7), 22),  # full-width digits
+        ("3 × 5 + 7", (3, 5, 7), 22),  # a multiplication sign that is not *
+        ("3(5) + 7", (3, 5, 7), 22),  # implicit multiplication
+        ("abs(3) * 5 + 7", (3, 5, 7), 22),  # a function call
+        ("", (3, 5, 7), 22),  # empty
+    ],
+)
+def test_countdown_equation_rejects(answer, nums, target):
+    assert equation_score(answer, nums=nums, target=target) == 0.0
+
+
+def test_countdown_equation_bounds_huge_numbers_before_work():
+    # A literal longer than MAX_DIGITS is refused by the tokenizer, before any arithmetic.
+    assert "digits" in equation.check_equation("9" * 50 + " * 2", [2, int("9" * 12)], 1)
+    # Products of allowed numbers that outgrow MAX_VALUE_BITS stop with a reason instead of growing.
+    nums = [999_999_999_999] * 8
+    text = " * ".join(str(n) for n in nums)
+    assert "bits" in equation.check_equation(text, nums, 1)
+    # Long or deeply nested text is refused before parsing.
+    assert "longer than" in equation.check_equation("1 + " * 100 + "1", [1] * 101, 101)
+    assert "nested" in equation.check_equation("(" * 40 + "1" + ")" * 40, [1], 1)
+    assert "nested" in equation.check_equation("-" * 40 + "1", [1], 1)
+
+
+def test_countdown_equation_uses_the_last_answer_block():
+    # The equation reward reads the last <answer>; the format reward is what punishes the repetition.
+    completion = " a</think>\n<answer>1 + 2</answer>\n<answer>44 + 19 + 35</answer>"
+    assert one(countdown_equation, completion, COUNTDOWN_PROMPT, nums=[44, 19, 35], target=98) == 1.0
+    assert one(countdown_format, completion, COUNTDOWN_PROMPT) == 0.0
+
+
+def test_countdown_equation_scores_text_without_answer_zero():
+    assert one(countdown_equation, " I give up.", COUNTDOWN_PROMPT, nums=[44, 19, 35], target=98) == 0.0
+
+
+# --- gsm8k -------------------------------------------------------------------------------------------------------
+
+STRICT = "<reasoning>\n24 + 18 = 42\n42 - 30 = 12\n</reasoning>\n<answer>\n{}\n</answer>\n"
+
+
+@pytest.mark.parametrize(
+    ("answer", "gold", "score"),
+    [
+        ("12", "She has 42 - 30 = <<42-30=12>>12 left.\n#### 12", 2.0),
+        ("1,234", "#### 1234", 2.0),  # grouping commas
+        ("1234", "#### 1,234", 2.0),
+        ("72.0", "#### 72", 2.0),  # same number
+        ("$72", "#### 72", 2.0),
+        ("72.", "#### 72", 2.0),
+        ("72", "72", 2.0),  # a gold column holding only the number
+        ("٧٢", "#### 72", 0.0),  # Arabic-Indic digits are not read as 72
+        ("73", "#### 72", 0.0),
+        ("72 apples", "#### 72", 0.0),
+        ("12,34", "#### 1234", 0.0),  # not a valid grouping
+    ],
+)
+def test_gsm8k_correctness(answer, gold, score):
+    assert one(gsm8k_correctness, STRICT.format(answer), answer=gold) == score
+
+
+def test_gsm8k_correctness_reads_the_last_answer():
+    text = "<answer>\n5\n</answer>\n<answer>\n12\n</answer>"
+    assert one(gsm8k_correctness, text, answer="#### 12") == 2.0
+    assert one(gsm8k_correctness, "The answer is 12.", answer="#### 12") == 0.0  # no tags: the whole text
+
+
+@pytest.mark.parametrize(
+    ("answer", "score"),
+    [("72", 0.5), ("-3", 0.5), ("72.0", 0.0), ("1,234", 0.0), ("٧٢", 0.0), ("²", 0.0), ("", 0.0)],
+)
+def test_gsm8k_int(answer, score):
+    assert one(gsm8k_int, STRICT.format(answer)) == score
+
+
+def test_gsm8k_strict_format():
+    assert one(gsm8k_strict_format, STRICT.format("12")) == 0.5  # multi-line reasoning is fine
+    assert one(gsm8k_strict_format, STRICT.format("12").rstrip("\n")) == 0.0  # final newline missing
+    assert one(gsm8k_strict_format, STRICT.format("12") + "More text.\n") == 0.0  # trailing text
+    assert one(gsm8k_strict_format, STRICT.format("12") + "<answer>\n12\n</answer>\n") == 0.0  # doubled tags
+    assert one(gsm8k_strict_format, "<reasoning>x</reasoning><answer>12</answer>") == 0.0  # no newlines
+    assert one(gsm8k_strict_format, " " + STRICT.format("12")) == 0.0  # leading text
+
+
+def test_gsm8k_soft_format():
+    assert one(gsm8k_soft_format, "<reasoning>a\nb</reasoning>  \n <answer>12</answer> trailing") == 0.5
+    assert one(gsm8k_soft_format, STRICT.format("12")) == 0.5
+    assert (
+        one(gsm8k_soft_format, "Sure! <reasoning>a</reasoning><answer>12</answer>") == 0.0
+    )  # must start with it
+    assert one(gsm8k_soft_format, "<reasoning>a</reasoning> so <answer>12</answer>") == 0.0  # text between
+    assert one(gsm8k_soft_format, "<reasoning>a</reasoning><answer>12") == 0.0  # </answer> missing
+
+
+def test_gsm8k_xml_count():
+    assert one(gsm8k_xml_count, STRICT.format("12")) == 0.5
+    # Ending right after </answer> costs nothing (the original subtracted the whole text's length here).
+    assert one(gsm8k_xml_count, STRICT.format("12").rstrip("\n")) == 0.5
+    assert one(gsm8k_xml_count, STRICT.format("12").replace("<reasoning>\n", "<reasoning>")) == 0.375
+    assert one(gsm8k_xml_count, STRICT.format("12") + "abc") == pytest.approx(0.5 - 0.003 - 0.003)
+    assert one(gsm8k_xml_count, STRICT.format("12") + "x" * 5000) == -0.5  # bottoms out
+    assert one(gsm8k_xml_count, "12") == 0.0
+
+
+# --- dapo_math ---------------------------------------------------------------------------------------------------
+
+GOOD_DAPO = "3/4 - 1/4 = 2/4<end_working_out><SOLUTION>{}</SOLUTION>"
+
+
+def test_dapo_format_exact_counts_the_prefill():
+    assert one(dapo_format_exact, GOOD_DAPO.format("\\frac{1}{2}"), DAPO_PROMPT) == 3.0
+    assert one(dapo_format_exact, GOOD_DAPO.format("1") + "\n  ", DAPO_PROMPT) == 3.0  # trailing whitespace
+    assert (
+        one(dapo_format_exact, GOOD_DAPO.format("1"), DAPO_PROMPT[:1]) == 0.0
+    )  # no prefill: start tag missing
+    assert one(dapo_format_exact, "<start_working_out>" + GOOD_DAPO.format("1"), DAPO_PROMPT[:1]) == 3.0
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        GOOD_DAPO.format("1") + " Done.",  # trailing text
+        GOOD_DAPO.format("1") + "<SOLUTION>1</SOLUTION>",  # doubled solution
+        "x<end_working_out><SOLUTION></SOLUTION>",  # empty solution
+        "x<end_working_out> so <SOLUTION>1</SOLUTION>",  # text between working out and solution
+        "x<SOLUTION>1</SOLUTION>",  # no end of working out
+        "<start_working_out>" + GOOD_DAPO.format("1"),  # start tag twice (prefill + completion)
+    ],
+)
+def test_dapo_format_exact_rejects(completion):
+    assert one(dapo_format_exact, completion, DAPO_PROMPT) == 0.0
+
+
+def test_dapo_format_approx_counts_each_tag():
+    assert one(dapo_format_approx, GOOD_DAPO.format("1"), DAPO_PROMPT) == 2.0
+    assert (
+        one(dapo_format_approx, "The answer is 1.", DAPO_PROMPT) == 0.5 - 3.0
+    )  # only the prefilled start tag
+    assert one(dapo_format_approx, GOOD_DAPO.format("1") + "<SOLUTION>", DAPO_PROMPT) == 1.5 - 1.0
+
+
+@pytest.mark.parametrize(
+    ("guess", "gold", "score"),
+    [
+        ("\\frac{1}{2}", "\\frac{1}{2}", 5.0),
+        ("0.5", "\\frac{1}{2}", 5.0),  # math-verify equivalence, not strings
+        ("\\boxed{1/2}", "\\frac{1}{2}", 5.0),
+        ("1/2", "0.5", 5.0),
+        (" 56 ", "56", 5.0),
+        ("1,234", "1234", 5.0),
+        ("72.0", "72", 5.0),
+        ("\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}", 5.0),
+        ("60", "56", 2.0),  # within 10%
+        ("66", "56", 1.5),  # within 20%
+        ("100", "56", -2.5),  # wrong number
+        ("5", "0", -2.5),  # no ratio to a zero gold
+        ("\\pi", "56", -4.5),  # not a number, not equivalent
+        ("9^{9^{9}}", "3", -4.5),  # would never finish in SymPy: not compared symbolically
+    ],
+)
+def test_dapo_answer(guess, gold, score):
+    assert one(dapo_answer, GOOD_DAPO.format(guess), DAPO_PROMPT, solution=gold) == score
+
+
+def test_dapo_answer_needs_the_solution_format():
+    assert one(dapo_answer, "The answer is 56.", DAPO_PROMPT, solution="56") == -2.0
+    assert one(dapo_answer, GOOD_DAPO.format("56") + " Done.", DAPO_PROMPT, solution="56") == -2.0
+    # OpenMathReasoning rows carry the gold answer as expected_answer.
+    assert one(dapo_answer, GOOD_DAPO.format("56"), DAPO_PROMPT, expected_answer="56") == 5.0
+
+
+@pytest.mark.parametrize(
+    ("completion", "gold", "score"),
+    [
+        (GOOD_DAPO.format("56"), "56", 3.5),
+        (GOOD_DAPO.format("x = 1,234 units"), "1234", 3.5),
+        (GOOD_DAPO.format("72.0"), "72", 3.5),
+        (GOOD_DAPO.format("57"), "56", -1.5),
+        (
+            "x<end_working_out><SOLUTION>56",
+            "56",
+            3.5,
+        ),  # the recipe's numeric check needs only the opening tag
+        ("No solution tag, 56.", "56", -2.5),
+        (GOOD_DAPO.format("none"), "56", -2.5),
+        (GOOD_DAPO.format("\\frac{1}{2}"), "\\frac{1}{2}", None),  # gold not a plain number: does not apply
+    ],
+)
+def test_dapo_numbers(completion, gold, score):
+    assert one(dapo_numbers, completion, DAPO_PROMPT, solution=gold) == score
+
+
+# --- bounded by construction -------------------------------------------------------------------------------------
+
+
+def test_oversized_texts_are_malformed_before_any_scan():
+    huge = " " + "x" * MAX_TEXT_CHARS + "</think>\n<answer>44 + 19 + 35</answer>"
+    assert one(countdown_format, huge, COUNTDOWN_PROMPT) == 0.0
+    assert one(countdown_equation, huge, COUNTDOWN_PROMPT, nums=[44, 19, 35], target=98) == 0.0
+    assert one(gsm8k_strict_format, STRICT.format("1") + "\n" * MAX_TEXT_CHARS) == 0.0
+    assert one(dapo_answer, "x" * MAX_TEXT_CHARS + GOOD_DAPO.format("1"), DAPO_PROMPT, solution="1") == -2.0
+
+
+def test_math_answers_that_could_explode_are_never_handed_to_sympy():
+    # Capped length.
+    assert answers.answers_match("1" + " + 1" * answers.MAX_ANSWER_CHARS, "401") is False
+    # Growth operators next to 5+ digit numbers, or stacked factorial-like ones, are not parsed at all.
+    for text in (
+        "\\binom{1000000000}{500000000}",
+        "100000!",
+        "\\prod_{i=1}^{100000} i",
+        "3!!",
+        "\\binom{9}{3}!",
+    ):
+        assert answers._costly(text), text
+    assert not answers._costly("\\frac{1}{2}") and not answers._costly("2^{10}") and not answers._costly("5!")
+    # Parsed powers whose value could exceed MAX_VALUE_BITS are dropped before SymPy evaluates them.
+    assert answers._parse("9^{9^{9}}") == []
+    assert answers._parse("2^{2^{2^{2^{2^{2}}}}}") == []
+    assert answers._parse("2^{10}") != []
+
+
+def test_every_builtin_reward_has_a_range_a_doc_and_a_task():
+    assert set(REWARDS) >= {
+        "countdown_format",
+        "countdown_equation",
+        "gsm8k_correctness",
+        "gsm8k_int",
+        "gsm8k_strict_format",
+        "gsm8k_soft_format",
+        "gsm8k_xml_count",
+        "dapo_format_exact",
+        "dapo_format_approx",
+        "dapo_answer",
+        "dapo_numbers",
+    }
+    for spec in REWARDS.values():
+        if spec.source == "built-in":
+            assert (
+                spec.low is not None
+                and spec.high is not None
+                and spec.low < spec.high
+                and spec.doc
+                and spec.task
+            )
+            assert spec.low <= spec.failure <= spec.high

@@ -1,0 +1,302 @@
+"""Tasks: prompts and overrides, reference and malformed completions, generated data, dataset loading and splits."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from grpo_cli.errors import UserError
+from grpo_cli.recipe.args import TaskArguments
+from grpo_cli.tasks import (
+    TASKS,
+    chat_template_text,
+    completion_text,
+    for_prefill,
+    get_task,
+    load_task_dataset,
+    sft_dataset,
+    task_problems,
+)
+from grpo_cli.tasks.countdown import generate_rows, solve, write_generated
+from grpo_cli.tasks.equation import check_equation
+from grpo_cli.tasks.gsm8k import gold_answer
+
+DATA = Path(__file__).parent / "data"
+
+
+def args(task: str, **keys) -> TaskArguments:
+    return TaskArguments(task=task, **keys)
+
+
+def test_registry_and_did_you_mean():
+    assert set(TASKS) >= {"countdown", "gsm8k", "dapo_math"}
+    assert get_task("gsm8k").answer_columns == ("answer",)
+    with pytest.raises(UserError, match="did you mean 'countdown'"):
+        get_task("countdwn")
+
+
+# --- prompts -----------------------------------------------------------------------------------------------------
+
+
+def test_countdown_prompt_has_system_user_and_the_r1_zero_prefill():
+    task = get_task("countdown")
+    messages = task.prompt({"nums": [44, 19, 35], "target": 98}, args("countdown"))
+    assert [m["role"] for m in messages] == ["system", "user", "assistant"]
+    assert "[44, 19, 35]" in messages[1]["content"] and "98" in messages[1]["content"]
+    assert "<answer>" in messages[1]["content"] and "exactly once" in messages[1]["content"]
+    assert messages[2]["content"] == "Let me solve this step by step.\n<think>"
+
+
+def test_prompt_overrides_from_the_recipe():
+    task = get_task("gsm8k")
+    row = {"question": "What is 2 + 2?", "answer": "#### 4", "topic": "sums"}
+    plain = task.prompt(row, args("gsm8k", system_prompt="", prefill=""))
+    assert plain == [{"role": "user", "content": "What is 2 + 2?"}]
+    custom = task.prompt(row, args("gsm8k", system_prompt="Be brief.", prefill="<reasoning>\n"))
+    assert (
+        custom[0] == {"role": "system", "content": "Be brief."} and custom[-1]["content"] == "<reasoning>\n"
+    )
+    assert task.user_message(row, args("gsm8k", prompt_column="topic")) == "sums"
+    templated = task.user_message(row, args("gsm8k", prompt_template="[{topic}] {question} {{braces}}"))
+    assert templated == "[sums] What is 2 + 2? {braces}"
+    with pytest.raises(UserError, match="prompt_template"):
+        task.user_message(row, args("gsm8k", prompt_template="{missing}"))
+    with pytest.raises(UserError, match="prompt_column 'nope'"):
+        task.user_message(row, args("gsm8k", prompt_column="nope"))
+
+
+def test_completion_text_adds_the_prefill_for_every_completion_shape():
+    prompt = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>"}]
+    assert completion_text(prompt, [{"role": "assistant", "content": "a</think>"}]) == "<think>a</think>"
+    assert completion_text(prompt, "a</think>") == "<think>a</think>"
+    parts = [{"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    assert completion_text(prompt, parts) == "<think>ab"
+    assert completion_text(prompt[:1], "a") == "a"  # no assistant message, no prefill
+    assert completion_text("a plain prompt", "a") == "a"
+    assert completion_text(None, None) == ""
+
+
+def test_chat_template_text():
+    assert "<|im_start|>" in chat_template_text("chatml")
+    assert chat_template_text("{{ messages }}") == "{{ messages }}"
+    assert chat_template_text(None) is None
+    with pytest.raises(UserError, match="not a file"):
+        chat_template_text("no/such/template.jinja")
+
+
+# --- reference and malformed completions -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("task_name", "row"),
+    [
+        ("countdown", {"nums": [44, 19, 35], "target": 98}),
+        ("countdown", {"nums": [3, 5, 7], "target": 22, "solution": "3 * 5 + 7 = 22"}),
+        ("gsm8k", {"question": "q", "answer": "Half of 144 is 144 / 2 = <<144/2=72>>72.\n#### 72"}),
+        (
+            "dapo_math",
+            {
+                "problem": "q",
+                "generated_solution": "<think>\n1/4 + 1/4\n</think>\nSo 1/2.",
+                "expected_answer": "\\frac{1}{2}",
+            },
+        ),
+        ("dapo_math", {"prompt": "q", "solution": "34"}),
+    ],
+)
+def test_reference_completions_are_formatted_and_correct_and_malformed_ones_are_not_both(task_name, row):
+    task = get_task(task_name)
+    row = task.normalize(row)
+    text = task.default_prefill + task.reference_completion(row)
+    assert task.is_formatted(text) and task.is_correct(text, row), text
+    for malformed in task.malformed_completions(row):
+        text = task.default_prefill + malformed
+        assert not (task.is_formatted(text) and task.is_correct(text, row)), malformed
+
+
+def test_countdown_sft_reasoning_shows_the_steps():
+    completion = get_task("countdown").sft_completion(
+        {"nums": [100, 2, 5], "target": 10, "solution": "100 / (2 * 5)"}
+    )
+    assert "2 * 5 = 10" in completion and "100 / 10 = 10" in completion
+    assert completion.endswith("</think>\n<answer>100 / (2 * 5)</answer>")
+
+
+def test_gsm8k_gold_and_sft_text():
+    assert gold_answer("work\n#### 1,234") == "1234" and gold_answer(72) == "72"
+    completion = get_task("gsm8k").sft_completion({"answer": "3 * 4 = <<3*4=12>>12 dollars.\n#### 12"})
+    assert completion == "<reasoning>\n3 * 4 = 12 dollars.\n</reasoning>\n<answer>\n12\n</answer>\n"
+    assert get_task("gsm8k").sft_completion({"answer": "12"}) is None  # no worked solution
+
+
+def test_dapo_rows_of_both_styles_normalize_to_problem_and_solution():
+    task = get_task("dapo_math")
+    assert task.normalize({"prompt": "Find x.", "solution": "3"}) == {
+        "prompt": "Find x.",
+        "solution": "3",
+        "problem": "Find x.",
+    }
+    openmath = task.normalize({"problem": "Find x.", "generated_solution": "s", "expected_answer": "3"})
+    assert openmath["solution"] == "3"
+    assert task.sft_completion(openmath) == "s<end_working_out><SOLUTION>3</SOLUTION>"
+    assert task.sft_completion({"prompt": "Find x.", "solution": "3"}) is None
+
+
+def test_for_prefill_rebases_reference_text_onto_another_prefill():
+    task = get_task("countdown")
+    completion = " steps</think>\n<answer>1 + 2</answer>"
+    assert for_prefill(task, completion, task.default_prefill) == completion
+    assert for_prefill(task, completion, "") == task.default_prefill + completion
+    assert for_prefill(task, completion, "<think>") == completion  # not a prefix: kept as is
+
+
+# --- countdown data ----------------------------------------------------------------------------------------------
+
+
+def test_generated_countdown_rows_are_solvable_distinct_and_reproducible():
+    rows = generate_rows(300, seed=7)
+    assert rows == generate_rows(300, seed=7) and rows != generate_rows(300, seed=8)
+    assert len({(tuple(sorted(r["nums"])), r["target"]) for r in rows}) == 300
+    for row in rows:
+        assert 3 <= len(row["nums"]) <= 4 and 1 <= row["target"] <= 100
+        assert all(1 <= n <= 99 for n in row["nums"])
+        assert check_equation(row["solution"], row["nums"], row["target"]) is None
+    wide = generate_rows(20, seed=1, min_numbers=5, max_numbers=6, max_number=20, max_target=50)
+    assert all(5 <= len(r["nums"]) <= 6 and r["target"] <= 50 for r in wide)
+    with pytest.raises(UserError):
+        generate_rows(0, seed=1)
+
+
+def test_write_generated_writes_jsonl_atomically(tmp_path):
+    out = tmp_path / "sub" / "cd.jsonl"
+    rows = write_generated(str(out), 5, seed=2)
+    assert [json.loads(line) for line in out.read_text().splitlines()] == rows
+    assert [p.name for p in out.parent.iterdir()] == ["cd.jsonl"]  # no temp file left
+    with pytest.raises(UserError, match=".jsonl"):
+        write_generated(str(tmp_path / "cd.parquet"), 5, seed=2)
+
+
+def test_solver_finds_an_equation_using_every_number():
+    equation = solve([13, 17, 4, 2], 64)
+    assert equation is not None and check_equation(equation, [13, 17, 4, 2], 64) is None
+    assert solve([15, 60, 4], 19) is None  # 15 + 4 would leave 60 unused
+    assert solve([1, 2, 3, 4, 5], 15) is None  # more numbers than the solver searches
+
+
+# --- datasets ----------------------------------------------------------------------------------------------------
+
+
+def test_local_jsonl_gets_a_prompt_column():
+    data = load_task_dataset(args("countdown", dataset_name=str(DATA / "countdown.jsonl")), "train")
+    assert len(data) == 12 and data[0]["prompt"][-1]["role"] == "assistant"
+    assert data[0]["nums"] == [44, 19, 35] and "[44, 19, 35]" in data[0]["prompt"][1]["content"]
+
+
+def test_dapo_prompt_text_is_kept_as_problem_when_the_prompt_column_becomes_messages():
+    data = load_task_dataset(args("dapo_math", dataset_name=str(DATA / "dapo_math.jsonl")), "train")
+    row = data[0]
+    assert row["problem"] == "Find the sum of all positive divisors of 28."
+    assert row["prompt"][1] == {"role": "user", "content": row["problem"]}
+    assert row["prompt"][-1] == {"role": "assistant", "content": "<start_working_out>"}
+
+
+def test_the_test_split_is_carved_identically_and_never_trained_on():
+    keys = {"dataset_generate": 60, "dataset_seed": 5, "dataset_test_size": 0.25}
+    train = load_task_dataset(args("countdown", **keys), "train")
+    test = load_task_dataset(args("countdown", **keys), "test")
+    again = load_task_dataset(args("countdown", **keys), "test")
+
+    def as_keys(data):
+        return {(tuple(r["nums"]), r["target"]) for r in data}
+
+    assert len(train) == 45 and len(test) == 15 and as_keys(test) == as_keys(again)
+    assert not as_keys(train) & as_keys(test)
+    capped = load_task_dataset(args("countdown", max_samples=10, **keys), "train", seed=1)
+    assert len(capped) == 10 and as_keys(capped) <= as_keys(train)
+    whole_count = load_task_dataset(
+        args("countdown", dataset_generate=60, dataset_seed=5, dataset_test_size=10), "test"
+    )
+    assert len(whole_count) == 10
+
+
+def test_a_folder_with_split_files_and_a_parquet_file(tmp_path):
+    folder = tmp_path / "gsm"
+    folder.mkdir()
+    lines = (DATA / "gsm8k.jsonl").read_text().splitlines()
+    (folder / "train.jsonl").write_text("\n".join(lines[:6]) + "\n")
+    (folder / "test.jsonl").write_text("\n".join(lines[6:]) + "\n")
+    assert len(load_task_dataset(args("gsm8k", dataset_name=str(folder)), "test")) == 2
+    assert len(load_task_dataset(args("gsm8k", dataset_name=str(folder)), "train")) == 6
+
+    import datasets
+
+    parquet = tmp_path / "rows.parquet"
+    datasets.Dataset.from_list([json.loads(line) for line in lines]).to_parquet(str(parquet))
+    data = load_task_dataset(args("gsm8k", dataset_name=str(parquet), dataset_train_split="main"), "main")
+    assert len(data) == 8 and data[0]["prompt"][-1]["role"] == "user"
+
+
+def test_dataset_problems_are_user_errors_naming_the_column_or_file(tmp_path):
+    wrong = tmp_path / "wrong.jsonl"
+    wrong.write_text('{"question": "q", "solution": "1"}\n')
+    with pytest.raises(
+        UserError, match=r"lacks the column\(s\) answer .*wrong.jsonl|wrong.jsonl lacks the column"
+    ):
+        load_task_dataset(args("gsm8k", dataset_name=str(wrong)), "train")
+    bad_type = tmp_path / "bad.jsonl"
+    bad_type.write_text('{"nums": "1 2 3", "target": 6}\n')
+    with pytest.raises(UserError, match="'nums' must be a non-empty list"):
+        load_task_dataset(args("countdown", dataset_name=str(bad_type)), "train")
+    with pytest.raises(UserError, match="not found"):
+        load_task_dataset(args("countdown", dataset_name=str(tmp_path / "absent.jsonl")), "train")
+    with pytest.raises(UserError, match="has no split 'test'.*dataset_test_size"):
+        load_task_dataset(args("countdown", dataset_name=str(DATA / "countdown.jsonl")), "test")
+    with pytest.raises(UserError, match="leaves no training rows"):
+        load_task_dataset(
+            args("countdown", dataset_name=str(DATA / "countdown.jsonl"), dataset_test_size=500), "train"
+        )
+
+
+def test_task_problems_for_the_recipe_check():
+    assert task_problems(args("countdown")) == []
+    assert "did you mean" in task_problems(args("gsm8kk"))[0]
+    problems = task_problems(
+        args(
+            "gsm8k",
+            prompt_column="q",
+            prompt_template="{q}",
+            dataset_generate=5,
+            dataset_name="x/missing.jsonl",
+        )
+    )
+    text = "\n".join(problems)
+    assert "keep one of them" in text and "cannot generate" in text
+    assert "not found" in task_problems(args("gsm8k", dataset_name="./nope.jsonl"))[0]
+
+
+def test_sft_dataset_holds_conversations_ending_with_prefill_plus_solution():
+    data = sft_dataset(args("dapo_math", dataset_name=str(DATA / "dapo_math_sft.jsonl")), "train")
+    assert len(data) == 4  # the row without a generated solution is dropped
+    messages = data[0]["messages"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant"]
+    assert messages[-1]["content"].startswith("<start_working_out>The divisors of 28")
+    assert messages[-1]["content"].endswith("<SOLUTION>56</SOLUTION>")
+    countdown = sft_dataset(
+        args("countdown", dataset_name=str(DATA / "countdown.jsonl"), prefill=""), "train"
+    )
+    assert len(countdown) == 11  # one row has no solution using every number
+    assert countdown[0]["messages"][-1]["content"].startswith("Let me solve this step by step.\n<think>")
+    with pytest.raises(UserError, match="none of the 8 rows"):
+        sft_dataset(args("dapo_math", dataset_name=str(DATA / "dapo_math.jsonl")), "train")
+
+
+def test_sft_dataset_with_generated_rows_respects_the_prefill_override():
+    keys = args("countdown", dataset_generate=3, prefill="<think>")
+    data = sft_dataset(keys, "train")
+    assistant = data[0]["messages"][-1]["content"]
+    assert assistant.startswith("<think> I need to reach") and assistant.count("<think>") == 1
+    assert get_task("countdown").is_formatted(assistant)
+    assert replace(keys, prefill=None).prefill is None  # the arguments are not modified
