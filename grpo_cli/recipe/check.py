@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_cli.errors import UserError
-from grpo_cli.recipe.load import Recipe
+from grpo_cli.recipe.load import Recipe, problem_order
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".arrow")
 
@@ -129,7 +129,7 @@ def check_recipe(
         problems += _batch_problems(recipe, num_processes)
         problems += _reward_problems(recipe)
     if problems:
-        raise UserError(*problems)
+        raise UserError(*sorted(problems, key=problem_order))
     return build_plan(recipe, num_processes, accelerate_config)
 
 
@@ -185,7 +185,7 @@ def build_plan(recipe: Recipe, num_processes: int, accelerate_config: dict | Non
         ]
     max_steps = v["max_steps"]
     rows.append(("steps", str(max_steps) if max_steps and max_steps > 0 else f"{v.get('num_train_epochs'):g} epochs"))
-    rows.append(("checkpoints", f"every {v.get('save_steps')} steps, keep {v.get('save_total_limit')}"))
+    rows.append(("checkpoints", f"every {v.get('save_steps'):g} steps, keep {v.get('save_total_limit')}"))
     if recipe.tracking.swanlab:
         rows.append(("tracking", f"SwanLab ({recipe.tracking.swanlab_mode}), project {recipe.tracking.swanlab_project}"))
     rows.append(("output", str(v["output_dir"])))

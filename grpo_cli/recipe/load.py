@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,14 @@ def _read_yaml(path: Path) -> tuple[dict, dict[str, int], list[str]]:
             problems.append(f"{path}:{line}: `{key}` is set twice (first on line {lines[key]}) - keep one")
         lines[key] = line
     return {str(k): v for k, v in data.items()}, lines, problems
+
+
+def problem_order(problem: str) -> tuple[int, int]:
+    """Sort key: the file's problems in line order, then the command line's, then the rest."""
+    match = re.match(r"[^:\s]+:(\d+): ", problem)
+    if match:
+        return (0, int(match.group(1)))
+    return (1 if problem.startswith("command line") else 2, 0)
 
 
 def _split_overrides(tokens: list[str]) -> tuple[list[tuple[str, list[str]]], list[str]]:
@@ -323,4 +332,5 @@ def read_recipe(
     if "output_dir" not in values:
         values["output_dir"] = str(Path("outputs") / (path.stem if path else "run"))
         locations["output_dir"] = "grpo default"
+    problems.sort(key=problem_order)
     return Recipe(command=command, path=path, values=values, locations=locations, env=env), problems

@@ -31,6 +31,8 @@ RENAMED = {
     "torch_dtype": "renamed to `dtype` in TRL 1.x (without it the model loads in float32)",
     "max_seq_length": "renamed to `max_length` in TRL 1.x",
     "use_liger_loss": "removed in TRL 1.x: use `use_liger_kernel: true`",
+    "warmup_ratio": "removed in transformers 5: use `warmup_steps` (a value below 1 is a share of the steps, "
+    "e.g. `warmup_steps: 0.03`)",
 }
 
 

@@ -43,11 +43,17 @@ class TrainingRun:
         quiet_libraries()
         recipe.apply_env()
         self.recipe = recipe
-        self.model_args = recipe.model_config()
-        self.args = recipe.training_config()
-        problems = gpu_problems(self.model_args, self.args)
+        import torch
+
+        if not torch.cuda.is_available() and "bf16" not in recipe.values:
+            # TRL turns bf16 mixed precision on by default, which a CPU cannot run.
+            recipe.values["bf16"] = False
+            recipe.locations["bf16"] = "grpo default (no GPU)"
+        problems = gpu_problems(recipe.values, recipe.values)
         if problems:
             raise UserError(*problems)
+        self.model_args = recipe.model_config()
+        self.args = recipe.training_config()
         self.output_dir = Path(self.args.output_dir)
         self.main = is_main_process()
         self.checkpoint = resume_point(self.output_dir, resume, overwrite, main=self.main)
@@ -91,7 +97,9 @@ class TrainingRun:
 
     def train(self, trainer) -> Path:
         """Train (resuming when there is a checkpoint), save the final model with its tokenizer, return its folder."""
-        self.console.trainer = trainer
+        for callback in trainer.callback_handler.callbacks:
+            if hasattr(callback, "trainer"):  # the console and the tracker show sample completions from the trainer
+                callback.trainer = trainer
         remove_default_printers(trainer)
         self.stop.install()
         try:

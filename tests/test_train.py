@@ -1,0 +1,166 @@
+"""Real training on CPU: a tiny random Llama with the real SmolLM2 tokenizer, a few GRPO and SFT steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from grpo_cli.errors import UserError
+from grpo_cli.recipe import load_recipe
+
+pytestmark = pytest.mark.slow
+
+
+USER_REWARD = """
+def vowel_share(completions, **kwargs):
+    # Varies between random completions, so GRPO has advantages to learn from.
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [sum(ch in "aeiou" for ch in t) / max(1, len(t)) for t in texts]
+"""
+
+
+def recipe_file(tmp_path: Path, model: Path, command: str, extra: str = "") -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "my_rewards.py").write_text(USER_REWARD)
+    common = f"""
+        model_name_or_path: {model}
+        dtype: float32
+        task: countdown
+        dataset_generate: 24
+        dataset_seed: 1
+        system_prompt: "Answer with <think> and <answer> tags."
+        max_steps: 2
+        save_steps: 1
+        learning_rate: 1.0e-3
+        per_device_train_batch_size: 4
+        seed: 7
+        output_dir: {tmp_path / command}
+    """
+    specific = {
+        "rl": f"""
+        reward_funcs: [countdown_format, countdown_equation, "{tmp_path / 'my_rewards.py'}:vowel_share"]
+        num_generations: 4
+        max_completion_length: 12
+        temperature: 1.0
+        """,
+        "sft": """
+        max_length: 256
+        """,
+    }[command]
+    path = tmp_path / f"{command}.yaml"
+    path.write_text(textwrap.dedent(common) + textwrap.dedent(specific) + textwrap.dedent(extra))
+    return path
+
+
+def train(path: Path, command: str, overrides: list[str] | None = None, **kwargs) -> Path:
+    from grpo_cli.train.rl import run_rl
+    from grpo_cli.train.sft import run_sft
+
+    recipe = load_recipe(str(path), overrides or [], command)
+    return (run_rl if command == "rl" else run_sft)(recipe, **kwargs)
+
+
+def state(checkpoint: Path) -> dict:
+    return json.loads((checkpoint / "trainer_state.json").read_text())
+
+
+def test_grpo_lora_trains_logs_rewards_and_saves_adapter(tmp_path, tiny_model_dir):
+    out = train(recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nlora_r: 4\nlora_alpha: 8\n"), "rl")
+    assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
+    assert (out / "tokenizer_config.json").is_file()
+    assert "<|im_start|>" in (out / "chat_template.jinja").read_text()  # the template the run used
+    rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert len(rollouts) == 2 * 4  # 2 steps x (4 completions per generation batch)
+    assert set(rollouts[0]["rewards"]) >= {"countdown_format", "countdown_equation"}
+    assert len(rollouts[0]["rewards"]) == 3
+    assert {"step", "prompt", "completion", "advantage"} <= set(rollouts[0])
+    assert rollouts[0]["prompt"].endswith("<|im_start|>assistant\n<think>") or "<|im_start|>assistant" in rollouts[0]["prompt"]
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["global_step"] == 2
+    logged = [entry for entry in summary["log_history"] if "reward" in entry]
+    assert logged and "rewards/countdown_format/mean" in logged[0]
+    recipe = (out / "recipe.yaml").read_text()
+    assert "countdown_equation" in recipe and "max_steps: 2" in recipe
+
+
+def test_grpo_full_finetuning_changes_weights(tmp_path, tiny_model_dir):
+    from safetensors.torch import load_file
+
+    out = train(recipe_file(tmp_path, tiny_model_dir, "rl", "beta: 0.0\n"), "rl")
+    before = load_file(str(tiny_model_dir / "model.safetensors"))
+    after = load_file(str(out / "model.safetensors"))
+    changed = [k for k in before if k in after and not (before[k] == after[k]).all()]
+    assert changed, "two GRPO steps changed no weight"
+    assert not (out / "adapter_config.json").exists()
+
+
+def test_sft_lora_and_full(tmp_path, tiny_model_dir):
+    lora = train(recipe_file(tmp_path, tiny_model_dir, "sft", "use_peft: true\nlora_r: 4\n"), "sft")
+    assert (lora / "adapter_model.safetensors").is_file()
+    losses = [e["loss"] for e in json.loads((lora / "train_summary.json").read_text())["log_history"] if "loss" in e]
+    assert len(losses) == 2 and all(loss > 0 for loss in losses)
+    full = train(recipe_file(tmp_path / "full", tiny_model_dir, "sft"), "sft")
+    assert (full / "model.safetensors").is_file()
+
+
+def test_resume_continues_the_step_count(tmp_path, tiny_model_dir, capsys):
+    path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nlora_r: 4\n")
+    out = train(path, "rl")
+    assert state(out / "checkpoint-2")["global_step"] == 2
+    train(path, "rl", ["--max_steps", "3"])
+    assert "resuming" in capsys.readouterr().err
+    assert state(out / "checkpoint-3")["global_step"] == 3
+    assert json.loads((out / "train_summary.json").read_text())["global_step"] == 3
+    with pytest.raises(UserError, match="already holds"):
+        train(path, "rl", resume=False)
+
+
+def test_checkpoint_cut_short_is_never_resumed(tmp_path, tiny_model_dir):
+    path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nlora_r: 4\n")
+    out = train(path, "rl")
+    # A process killed while saving checkpoint-3 leaves a folder without trainer_state.json.
+    partial = out / "checkpoint-3"
+    partial.mkdir()
+    (partial / "adapter_model.safetensors").write_bytes(b"\0" * 10)
+    train(path, "rl", ["--max_steps", "3"])
+    assert state(out / "checkpoint-3")["global_step"] == 3  # resumed from 2, saved a good 3
+
+
+def test_ctrl_c_saves_a_usable_checkpoint(tmp_path, tiny_model_dir):
+    """SIGINT during a run: the step finishes, a checkpoint is saved, the process exits 130; a rerun resumes."""
+    path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nlora_r: 4\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpo_cli", "rl", "-c", str(path), "--max_steps", "50", "--save_steps", "100"],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if "step 1/50" in line or "step  1/50" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    _, rest = proc.communicate(timeout=300)
+    text = "".join(lines) + rest
+    assert proc.returncode == 130, text
+    assert "Traceback" not in text
+    saved = sorted((tmp_path / "rl").glob("checkpoint-*"))
+    assert saved and state(saved[-1])["global_step"] >= 1
+    out = train(path, "rl", ["--max_steps", str(state(saved[-1])["global_step"] + 1)])
+    assert json.loads((out / "train_summary.json").read_text())["global_step"] == state(saved[-1])["global_step"] + 1
+
+
+def test_gpu_options_on_cpu_get_a_clear_error(tmp_path, tiny_model_dir):
+    if __import__("torch").cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nload_in_4bit: true\nbf16: true\n")
+    run = subprocess.run([sys.executable, "-m", "grpo_cli", "rl", "-c", str(path)], capture_output=True, text=True)
+    assert run.returncode == 2
+    assert "load_in_4bit" in run.stderr and "bf16" in run.stderr and "Traceback" not in run.stderr
+    assert not (tmp_path / "rl" / "rollouts.jsonl").exists()
