@@ -219,7 +219,9 @@ def merge(
 ) -> None:
     """Merge a LoRA adapter into its base model: a standalone model folder, checked against base + adapter."""
     from grpo_cli.merge import merge_adapter, print_report
+    from grpo_cli.train.console import quiet_libraries
 
+    quiet_libraries()
     print_report(merge_adapter(adapter, output, base=base, dtype=dtype, force=force))
 
 
@@ -241,6 +243,67 @@ def models_prepare(
     path = prepare_demo_model(name, force=force)
     console.print(f"[bold green]ready[/] {name}: {path}")
     typer.echo(str(path))
+
+
+# --- eval --------------------------------------------------------------------------------------------------------
+
+
+@app.command("eval", context_settings=EXTRA_ARGS)
+def eval_(
+    ctx: typer.Context,
+    config: Annotated[str, RECIPE_OPTION],
+    model: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--model",
+            "-m",
+            help="Model to evaluate (short name, folder, Hub id, or a run/adapter folder); repeat to compare. "
+            "Default: the recipe's model.",
+        ),
+    ] = None,
+    adapter: Annotated[
+        Optional[str], typer.Option("--adapter", help="LoRA adapter (or run folder) on top of the one --model.")
+    ] = None,
+    split: Annotated[Optional[str], typer.Option("--split", help="Split to evaluate (default: the recipe's test split).")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", help="Evaluate the first N prompts only.")] = None,
+    num_generations: Annotated[
+        int, typer.Option("--num-generations", "-k", help="Completions per prompt: 1 is greedy, K > 1 samples.")
+    ] = 1,
+    temperature: Annotated[
+        Optional[float], typer.Option("--temperature", help="Sampling temperature (default: the recipe's).")
+    ] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts per generation batch.")] = 8,
+    max_new_tokens: Annotated[
+        Optional[int], typer.Option("--max-new-tokens", help="Default: the recipe's max_completion_length.")
+    ] = None,
+    output: Annotated[
+        Optional[str], typer.Option("--output", "-o", help="Folder for summary.json and samples.jsonl (default: OUTPUT_DIR/eval).")
+    ] = None,
+    vllm: Annotated[bool, typer.Option("--vllm", help="Generate with vLLM (needs it installed and a GPU).")] = False,
+) -> None:
+    """Score models on the recipe's test split with its task and rewards; compare several side by side.
+
+    Keys after the options override the recipe: `grpo eval -c countdown -m base -m outputs/countdown --dataset_name rows.jsonl`.
+    """
+    from grpo_cli.eval import run_eval
+    from grpo_cli.train.console import quiet_libraries
+
+    quiet_libraries()
+    run_eval(
+        config,
+        ctx.args,
+        models=model,
+        adapter=adapter,
+        split=split,
+        limit=limit,
+        num_generations=num_generations,
+        temperature=temperature,
+        batch_size=batch_size,
+        max_new_tokens=max_new_tokens,
+        output=output,
+        use_vllm=vllm,
+    )
+
 
 # --- tasks, data and rewards -------------------------------------------------------------------------------------
 
