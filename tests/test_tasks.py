@@ -66,6 +66,13 @@ def test_prompt_overrides_from_the_recipe():
         task.user_message(row, args("gsm8k", prompt_template="{missing}"))
     with pytest.raises(UserError, match="prompt_column 'nope'"):
         task.user_message(row, args("gsm8k", prompt_column="nope"))
+    # A column that already holds a conversation is used as it is (the prefill still applies).
+    chat_row = {**row, "chat": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}
+    assert task.prompt(chat_row, args("gsm8k", prompt_column="chat", prefill="<reasoning>")) == [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": "<reasoning>"},
+    ]
 
 
 def test_completion_text_adds_the_prefill_for_every_completion_shape():

@@ -96,13 +96,22 @@ class Task:
         return self.default_prefill
 
     def prompt(self, row: dict, args: TaskArguments | None = None) -> list[dict]:
-        """Chat messages for a row: [system?, user, assistant prefill?]."""
+        """Chat messages for a row: [system?, user, assistant prefill?].
+
+        A prompt_column holding a conversation (a list of messages) is used as it is, plus the prefill.
+        """
+        prefill = self.prefill(args)
+        conversation = row.get(args.prompt_column) if args is not None and args.prompt_column else None
+        if isinstance(conversation, list) and all(isinstance(m, dict) and "role" in m for m in conversation):
+            messages = [dict(m) for m in conversation]
+            if prefill and (not messages or messages[-1]["role"] != "assistant"):
+                messages.append({"role": "assistant", "content": prefill})
+            return messages
         messages = []
         system = self.system_prompt(args)
         if system:
             messages.append({"role": "system", "content": system})
         messages.append({"role": "user", "content": self.user_message(row, args)})
-        prefill = self.prefill(args)
         if prefill:
             messages.append({"role": "assistant", "content": prefill})
         return messages
