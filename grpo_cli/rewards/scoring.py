@@ -13,7 +13,7 @@ from typing import Any
 from grpo_cli.errors import UserError
 from grpo_cli.recipe.args import TaskArguments
 from grpo_cli.rewards.guard import RewardGuard, build_reward_funcs
-from grpo_cli.rewards.registry import REWARDS, resolve_reward
+from grpo_cli.rewards.registry import REWARDS
 from grpo_cli.tasks.dataset import write_jsonl
 from grpo_cli.tasks.task import Task, for_prefill, get_task
 
@@ -172,23 +172,26 @@ class RewardStats:
 
 
 def score_rows(
-    setup: RewardSetup, rows: list[dict], completions: list[str] | None = None
+    setup: RewardSetup,
+    rows: list[dict],
+    completions: list[str] | None = None,
+    guards: list[RewardGuard] | None = None,
 ) -> list[RewardStats]:
     """Score rows[i]["completion"] (or completions[i]) with every reward; per-reward values in row order."""
-    guards = setup.guards()
+    guards = guards if guards is not None else setup.guards()
+    before = [guard.failures for guard in guards]
     stats = [RewardStats(g.__name__, w) for g, w in zip(guards, setup.weights)]
     completions = completions if completions is not None else [row["completion"] for row in rows]
     for start in range(0, len(rows), BATCH_SIZE):
         batch = rows[start : start + BATCH_SIZE]
         prompts = [row["prompt"] for row in batch]
-        texts = completions[start : start + BATCH_SIZE]
-        chats = [[{"role": "assistant", "content": text}] for text in texts]
+        chats = [[{"role": "assistant", "content": text}] for text in completions[start : start + BATCH_SIZE]]
         keys = [k for k in batch[0] if k not in ("prompt", "completion")]
         columns = {k: [row.get(k) for row in batch] for k in keys if all(k in row for row in batch)}
         for guard, stat in zip(guards, stats):
             stat.values.extend(guard(prompts=prompts, completions=chats, **columns))
-    for guard, stat in zip(guards, stats):
-        stat.failures = guard.failures
+    for guard, stat, failures in zip(guards, stats, before):
+        stat.failures = guard.failures - failures
     return stats
 
 
@@ -291,7 +294,8 @@ def run_reward_test(setup: RewardSetup, num_rows: int = 5) -> RewardTestReport:
     data = load_task_dataset(args, args.dataset_train_split)
     rows = [data[i] for i in range(min(num_rows, len(data)))]
     task, prefill = setup.task, setup.task.prefill(args)
-    specs = [resolve_reward(name, setup.base_dir) for name in setup.names]
+    guards = setup.guards()
+    specs = [guard.spec for guard in guards]
     cases, problems, skipped = [], [], 0
     for index, row in enumerate(rows, 1):
         reference = task.reference_completion(row)
@@ -301,17 +305,19 @@ def run_reward_test(setup: RewardSetup, num_rows: int = 5) -> RewardTestReport:
         texts = [for_prefill(task, reference, prefill)]
         texts += [for_prefill(task, m, prefill) for m in task.malformed_completions(row)]
         batch = [row] * len(texts)
-        stats = score_rows(setup, batch, texts)
+        stats = score_rows(setup, batch, texts, guards)
         failed = [s.name for s in stats if s.failures]
         if failed:
             problems.append(
                 f"row {index}: {', '.join(failed)} failed (raised or timed out; see the log above)"
             )
+        row_cases = []
         for k, text in enumerate(texts):
             values = [_clean(s.values[k]) for s in stats]
             kind = "reference" if k == 0 else f"malformed {k}"
-            cases.append(CaseResult(index, kind, text, values, weighted_total(values, setup.weights)))
-        ref_case = cases[-len(texts)]
+            row_cases.append(CaseResult(index, kind, text, values, weighted_total(values, setup.weights)))
+        cases += row_cases
+        ref_case = row_cases[0]
         for spec, weight, value in zip(specs, setup.weights, ref_case.values):
             if value is None or weight <= 0 or spec.high is None:
                 continue
@@ -321,7 +327,7 @@ def run_reward_test(setup: RewardSetup, num_rows: int = 5) -> RewardTestReport:
                     f"row {index}: the reference answer gets {value:g} from {spec.name}, below its top score "
                     f"{spec.high:g} - the reward or the task's answer columns are off"
                 )
-        for case in cases[-len(texts) + 1 :]:
+        for case in row_cases[1:]:
             if ref_case.total is None or (case.total is not None and case.total >= ref_case.total):
                 case.ok = False
                 problems.append(
