@@ -145,7 +145,7 @@ def model_specs(models: list[str], adapter: str | None, recipe_model: str | None
     """The models to evaluate: each --model (a run or adapter folder means base + that adapter); --adapter goes
     with one --model or, alone, with the base it names; neither means the recipe's model."""
     from grpo_cli.merge import base_model_of
-    from grpo_cli.models import find_adapter
+    from grpo_cli.models import find_adapter, find_full_model
 
     def adapter_spec(path: str, base: str | None) -> ModelSpec:
         adapter_dir, label = find_adapter(path)
@@ -177,7 +177,13 @@ def model_specs(models: list[str], adapter: str | None, recipe_model: str | None
         is_adapter = path.is_dir() and (
             (path / "adapter_config.json").is_file() or any(path.glob("checkpoint-*/adapter_config.json"))
         )
-        specs.append(adapter_spec(name, None) if is_adapter else ModelSpec(label=name, model=name))
+        full = None if is_adapter else find_full_model(name)
+        if is_adapter:
+            specs.append(adapter_spec(name, None))
+        elif full:
+            specs.append(ModelSpec(label=full[1], model=str(full[0])))
+        else:
+            specs.append(ModelSpec(label=name, model=name))
     labels = [s.label for s in specs]
     for spec in specs:
         if labels.count(spec.label) > 1:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from grpo_cli.errors import UserError
-from grpo_cli.models import DEMO_MODELS, find_adapter, load_tokenizer, quiet_progress_bars, resolve_model
+from grpo_cli.models import find_adapter, load_tokenizer, quiet_progress_bars, resolve_model
 
 DTYPES = ("bfloat16", "float16", "float32")
 # Largest allowed |merged - unmerged| logit difference, relative to the probe's largest logit: merging reorders
@@ -75,13 +75,6 @@ def base_model_of(adapter_dir: Path) -> str | None:
             f"cannot read {adapter_dir / 'adapter_config.json'}: {err} - is the adapter complete?"
         ) from err
     return config.get("base_model_name_or_path")
-
-
-def _resolve_base(base: str) -> str:
-    # A run on the demo model records its cache folder; if that cache moved, fall back to the short name.
-    if not Path(base).exists() and Path(base).name in DEMO_MODELS and os.sep in base:
-        base = Path(base).name
-    return resolve_model(base)
 
 
 def _check_base_unquantized(base_path: str) -> None:
@@ -161,7 +154,6 @@ def merge_adapter(
     """Merge the adapter in `adapter` (adapter, checkpoint or run folder) into its base; write `output` atomically."""
     import torch
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
     from grpo_cli.models import load_model
 
@@ -170,7 +162,7 @@ def merge_adapter(
     base_name = base or recorded
     if not base_name:
         raise UserError(f"{adapter_dir / 'adapter_config.json'} names no base model - pass --base MODEL")
-    base_path = _resolve_base(base_name)
+    base_path = resolve_model(base_name)
     out = Path(output).expanduser()
     protected = [adapter_dir] + ([Path(base_path)] if Path(base_path).exists() else [])
     check_output(out, force, protected)
@@ -221,7 +213,7 @@ def merge_adapter(
         gc.collect()
         # Verify what was written: the folder must load alone and behave like base + adapter.
         with quiet_progress_bars():
-            reloaded = AutoModelForCausalLM.from_pretrained(staging, dtype="auto")
+            reloaded = load_model(str(staging), {"dtype": dtype_name})  # same device placement as the base
         reloaded_logits = _logits(reloaded, ids)
         del reloaded
         diff = float((reloaded_logits - reference).abs().max())

@@ -108,6 +108,9 @@ def resolve_model(name_or_path: str) -> str:
                 f"model {name_or_path} is a file, not a model folder - give the folder holding config.json"
             )
         return str(path)
+    if path.name in DEMO_MODELS and path.parent.name == "models":
+        # A demo model's cache folder recorded by a run (adapter_config.json) on another machine or cache.
+        return str(prepare_demo_model(path.name))
     # Anything that is clearly a filesystem path must exist; "org/name" is left to the Hub.
     if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or "\\" in name_or_path:
         raise UserError(
@@ -500,6 +503,20 @@ def _is_full_model(folder: Path) -> bool:
     return (folder / "config.json").is_file() and (
         any((folder / f).is_file() for f in _WEIGHT_FILES) or any(folder.glob("model-*.safetensors"))
     )
+
+
+def find_full_model(path: str | os.PathLike) -> tuple[Path, str] | None:
+    """A full fine-tuning run's model: the folder itself when it holds one, else its latest checkpoint-N; or None."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir() or (folder / "adapter_config.json").is_file():
+        return None
+    if _is_full_model(folder):
+        return folder, str(path)
+    checkpoints = [(step, c) for step, c in _checkpoints(folder, "config.json") if _is_full_model(c)]
+    if checkpoints:
+        step, latest = checkpoints[-1]
+        return latest, f"{folder.name}/{latest.name} (latest checkpoint, step {step})"
+    return None
 
 
 def find_adapter(path: str | os.PathLike) -> tuple[Path, str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,11 @@ def test_model_specs(tiny_model_dir, tiny_adapter_dir):
     assert trained.adapter == str(tiny_adapter_dir) and trained.model == str(tiny_model_dir)
     (only,) = model_specs(["base-x"], str(tiny_adapter_dir), None)
     assert only.label == f"base-x + {tiny_adapter_dir.name}" and only.model == "base-x"
+    run = tiny_model_dir.parent / "full-run"
+    if not run.exists():
+        shutil.copytree(tiny_model_dir, run / "checkpoint-3")
+    (full,) = model_specs([str(run)], None, None)
+    assert full == ModelSpec("full-run/checkpoint-3 (latest checkpoint, step 3)", str(run / "checkpoint-3"))
     with pytest.raises(UserError, match="--adapter goes with one --model"):
         model_specs(["a", "b"], str(tiny_adapter_dir), None)
     with pytest.raises(UserError, match="no model to evaluate"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -46,6 +47,8 @@ def test_short_name_resolves_to_prepared_cache(demo_tokenizer_dir):
     path = Path(resolve_model("SmolLM2-135M-Instruct"))
     assert path == models.demo_model_dir("smollm2-135m-instruct")
     assert models.is_prepared(path)
+    # A run made elsewhere records the demo model's cache folder of that machine.
+    assert resolve_model("/elsewhere/.cache/grpo/models/smollm2-135m-instruct") == str(path)
 
 
 # ---------------------------------------------------------------------------------- demo model preparation
@@ -276,6 +279,19 @@ def test_find_adapter_in_adapter_checkpoint_and_run_folders(tmp_path):
     assert find_adapter(run / "checkpoint-9") == (run / "checkpoint-9", "run/checkpoint-9")
     _touch_adapter(run)  # the final adapter saved at the top level wins
     assert find_adapter(run) == (run, "run")
+
+
+def test_find_full_model_in_run_and_checkpoint_folders(tmp_path, tiny_model_dir, tiny_adapter_dir):
+    assert models.find_full_model(tiny_model_dir) == (tiny_model_dir, str(tiny_model_dir))
+    assert models.find_full_model(tiny_adapter_dir) is None
+    run = tmp_path / "full-run"
+    for step in (5, 20):
+        shutil.copytree(tiny_model_dir, run / f"checkpoint-{step}")
+    assert models.find_full_model(run) == (
+        run / "checkpoint-20",
+        "full-run/checkpoint-20 (latest checkpoint, step 20)",
+    )
+    assert models.find_full_model(tmp_path / "missing") is None
 
 
 def test_find_adapter_explains_full_fine_tuning_and_empty_folders(tmp_path):
