@@ -6,6 +6,7 @@ task's checks per completion -> `summarize` (pure) -> summary.json, samples.json
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -284,8 +285,9 @@ def _generate_vllm(spec, model_args, tokenizer, prompt_ids, settings, advance) -
     lora = None
     kwargs: dict[str, Any] = {}
     if spec.adapter:
-        rank = json.loads((Path(spec.adapter) / "adapter_config.json").read_text()).get("r", 16)
-        kwargs.update(enable_lora=True, max_lora_rank=max(8, int(rank)))
+        rank = int(json.loads((Path(spec.adapter) / "adapter_config.json").read_text()).get("r", 16))
+        # vLLM takes only powers of two (8, 16, 32, ...) as the largest LoRA rank.
+        kwargs.update(enable_lora=True, max_lora_rank=max(8, 1 << (rank - 1).bit_length()))
         lora = LoRARequest("adapter", 1, spec.adapter)
     dtype = getattr(model_args, "dtype", None) or "auto"
     llm = LLM(model=resolve_model(spec.model), dtype=dtype, seed=settings.seed, **kwargs)
@@ -300,7 +302,10 @@ def _generate_vllm(spec, model_args, tokenizer, prompt_ids, settings, advance) -
         [{"prompt_token_ids": ids} for ids in prompt_ids], params, lora_request=lora, use_tqdm=False
     )
     advance(len(prompt_ids))
-    return [[(o.text, len(o.token_ids)) for o in out.outputs] for out in outputs]
+    results = [[(o.text, len(o.token_ids)) for o in out.outputs] for out in outputs]
+    del llm  # shuts the engine down so the next model gets the GPU memory
+    gc.collect()
+    return results
 
 
 # ------------------------------------------------------------------------------------------------- driver

@@ -271,3 +271,21 @@ def test_eval_command_with_recipe_overrides(recipe, silent_model_dir, tiny_adapt
     assert [m["num_prompts"] for m in summary["models"]] == [2, 2]
     assert summary["settings"]["max_new_tokens"] == 3
     assert len(samples) == 4
+
+
+@pytest.mark.gpu
+def test_eval_on_gpu_in_bfloat16(recipe, silent_model_dir, tiny_adapter_dir, tmp_path):
+    import torch
+
+    torch.cuda.reset_peak_memory_stats()
+    result = run_eval(
+        str(recipe),
+        ["--dtype", "bfloat16"],
+        models=[str(silent_model_dir), str(tiny_adapter_dir)],
+        num_generations=2,
+        output=str(tmp_path / "ev"),
+    )
+    assert torch.cuda.max_memory_allocated() > 0
+    silent, adapted = result["models"]
+    assert (silent["accuracy"], silent["num_completions"]) == (pytest.approx(2 / 3), 6)
+    assert adapted["num_prompts"] == 3 and set(adapted["pass_at_k"]) == {"1", "2"}

@@ -64,12 +64,14 @@ def test_merged_model_loads_alone_and_generates_like_base_plus_adapter(merged, r
         return_dict=True,
     )
     greedy = {"max_new_tokens": 12, "do_sample": False}
+    alone.to(tuned.device)  # load_model places models on the GPU when there is one
+    prompt = prompt.to(tuned.device)
     with torch.no_grad():
         assert torch.equal(alone.generate(**prompt, **greedy), tuned.generate(**prompt, **greedy))
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     name = "model.layers.0.self_attn.q_proj.weight"
-    assert not torch.equal(alone.state_dict()[name], base.state_dict()[name])
+    assert not torch.equal(alone.state_dict()[name].cpu(), base.state_dict()[name])
 
 
 def test_merge_refuses_to_overwrite(merged, run_dir):
@@ -154,3 +156,17 @@ def test_merge_command(tmp_path, tiny_adapter_dir):
     assert (out / "model.safetensors").is_file()
     result = CliRunner().invoke(app, ["merge", "--adapter", str(tiny_adapter_dir), "--output", str(out)])
     assert isinstance(result.exception, UserError) and "pass --force" in str(result.exception)
+
+
+@pytest.mark.gpu
+def test_merge_on_gpu_in_bfloat16(tmp_path, tiny_adapter_dir):
+    import torch
+
+    from grpo_cli.models import load_model
+
+    torch.cuda.reset_peak_memory_stats()
+    report = merge_adapter(tiny_adapter_dir, tmp_path / "merged", dtype="bfloat16")
+    assert torch.cuda.max_memory_allocated() > 0  # the base was loaded onto the GPU
+    assert report.changed_modules == report.lora_modules and report.max_logit_diff <= report.tolerance
+    merged = load_model(str(tmp_path / "merged"), {"dtype": "auto"})
+    assert merged.device.type == "cuda" and merged.dtype == torch.bfloat16

@@ -316,7 +316,8 @@ def test_load_model_with_adapter_changes_logits(tiny_model_dir, tiny_adapter_dir
     tuned = load_model(str(tiny_model_dir), adapter=str(tiny_adapter_dir))
     assert isinstance(tuned, PeftModel) and not tuned.training
     with torch.no_grad():
-        assert not torch.allclose(base(ids).logits, tuned(ids).logits, atol=1e-4)
+        base_logits = base(ids.to(base.device)).logits.cpu()
+        assert not torch.allclose(base_logits, tuned(ids.to(tuned.device)).logits.cpu(), atol=1e-4)
 
 
 def test_cache_dir_follows_env(tmp_path, monkeypatch):
