@@ -325,3 +325,15 @@ def test_cache_dir_follows_env(tmp_path, monkeypatch):
     assert models.cache_dir() == tmp_path / "models"
     monkeypatch.delenv("GRPO_CACHE")
     assert models.cache_dir() == Path(os.path.expanduser("~")) / ".cache" / "grpo" / "models"
+
+
+def test_models_prepare_command_prints_the_folder(demo_tokenizer_dir):
+    from typer.testing import CliRunner
+
+    from grpo_cli.cli import app
+
+    result = CliRunner().invoke(app, ["models", "prepare", "smollm2-135m-instruct"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().splitlines()[-1] == str(models.demo_model_dir("smollm2-135m-instruct"))
+    result = CliRunner().invoke(app, ["models", "prepare", "llama-9000"])
+    assert isinstance(result.exception, UserError) and "known: smollm2-135m-instruct" in str(result.exception)
