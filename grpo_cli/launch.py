@@ -213,6 +213,8 @@ def accelerate_launcher() -> list[str]:
 
 def relaunch_command(argv: list[str], num_processes: int, accelerate_config: str | None) -> list[str]:
     """The `accelerate launch ... -m grpo_cli <argv>` command that runs this `grpo` command on N processes."""
+    config = load_accelerate_config(accelerate_config) if accelerate_config else None
+    _check_gpu_count(num_processes, accelerate_config, config)
     cmd = accelerate_launcher()
     if accelerate_config:
         cmd += ["--config_file", str(accelerate_config_path(accelerate_config))]
@@ -220,6 +222,36 @@ def relaunch_command(argv: list[str], num_processes: int, accelerate_config: str
         cmd += ["--multi_gpu"]  # no config file: one process per GPU with DDP
     cmd += ["--num_processes", str(num_processes), "-m", "grpo_cli", *strip_launch_options(argv)]
     return cmd
+
+
+def gpu_count() -> int | None:
+    """GPUs this machine shows (CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`), or None when it cannot tell."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return len([d for d in visible.split(",") if d.strip()])
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sum(line.startswith("GPU ") for line in listing.stdout.splitlines()) or None
+
+
+def _check_gpu_count(num_processes: int, accelerate_config: str | None, config: dict | None) -> None:
+    """One process per GPU: more processes than this machine's GPUs crash at start, so say so first."""
+    machines = (config or {}).get("num_machines", 1)
+    if (config or {}).get("use_cpu") or (isinstance(machines, int) and machines > 1):
+        return  # CPU processes, or a total over several machines
+    gpus = gpu_count()
+    if gpus is not None and num_processes > gpus:
+        where = (
+            f" (without {NUM_PROCESSES_OPTION}, {accelerate_config}'s num_processes)"
+            if accelerate_config
+            else ""
+        )
+        raise UserError(
+            f"{num_processes} processes{where} but this machine has {gpus} GPU(s) - pass "
+            f"{NUM_PROCESSES_OPTION} {gpus}: one process per GPU"
+        )
 
 
 def run_relaunch(cmd: list[str]) -> int:

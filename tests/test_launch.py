@@ -38,9 +38,10 @@ ENV_VARS = ["WORLD_SIZE", "RANK", "LOCAL_RANK", *launch.LAUNCHER_VARIABLES, "ACC
 
 @pytest.fixture(autouse=True)
 def not_launched(monkeypatch):
-    """Tests start outside any launcher, whatever ran pytest."""
+    """Tests start outside any launcher, on a machine showing 8 GPUs, whatever ran pytest."""
     for name in ENV_VARS:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
 
 
 def write_config(tmp_path: Path, text: str) -> str:
@@ -209,6 +210,25 @@ def test_relaunch_without_config_uses_ddp_for_several_processes():
         "--multi_gpu", "--num_processes", "4", "-m", "grpo_cli", "sft", "-c", "x",
     ]  # fmt: skip
     assert "--multi_gpu" not in relaunch_command(["sft"], 1, None)
+
+
+def test_relaunch_refuses_more_processes_than_gpus(monkeypatch, tmp_path):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    with pytest.raises(UserError, match="--num-processes 2: one process per GPU"):
+        relaunch_command(["rl"], 8, "zero3")  # the shipped config's num_processes is 8
+    assert "2" in relaunch_command(["rl"], 2, "zero3")
+    assert "16" in relaunch_command(["rl"], 16, "zero3_multinode")  # a total over machines
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    nvidia_smi = tmp_path / "nvidia-smi"
+    nvidia_smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-1)'\n")
+    nvidia_smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert launch.gpu_count() == 1
+    with pytest.raises(UserError, match="has 1 GPU"):
+        relaunch_command(["rl"], 2, None)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no nvidia-smi: cannot tell, no check
+    assert launch.gpu_count() is None
+    assert "--multi_gpu" in relaunch_command(["rl"], 2, None)
 
 
 def test_run_relaunch_prints_command_and_returns_exit_code(capfd):
