@@ -7,8 +7,7 @@ Heavy libraries (torch, transformers, trl) are imported inside the commands, nev
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -37,7 +36,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: Annotated[
-        Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
+        bool | None, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
     ] = None,
 ) -> None:
     """Post-train language models with reinforcement learning from verifiable rewards."""
@@ -81,7 +80,7 @@ def recipes_show(name: Annotated[str, typer.Argument(help="Built-in recipe name,
 @recipes_app.command("keys")
 def recipes_keys(
     command: Annotated[str, typer.Argument(help="rl or sft.")] = "rl",
-    search: Annotated[Optional[str], typer.Option("--search", "-s", help="Only keys containing this text.")] = None,
+    search: Annotated[str | None, typer.Option("--search", "-s", help="Only keys containing this text.")] = None,
 ) -> None:
     """List the keys a recipe for `grpo rl` or `grpo sft` may hold, with type, default and help."""
     from grpo_cli.recipe.show import print_keys
@@ -106,8 +105,8 @@ def _train(
     dry_run: bool,
     resume: bool,
     overwrite: bool,
-    num_processes: Optional[int],
-    accelerate_config: Optional[str],
+    num_processes: int | None,
+    accelerate_config: str | None,
 ) -> None:
     from grpo_cli import launch
     from grpo_cli.recipe.show import check_and_show
@@ -120,6 +119,9 @@ def _train(
     if relaunch:
         processes = launch.num_processes(accelerate_config, num_processes)
         raise typer.Exit(launch.run_relaunch(launch.relaunch_command(sys.argv[1:], processes, accelerate_config)))
+    from grpo_cli.train.console import quiet_libraries
+
+    quiet_libraries()  # before trl, transformers and deepspeed are first imported
     if command == "rl":
         from grpo_cli.train.rl import run_rl as run
     else:
@@ -138,8 +140,8 @@ def rl(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="With --no-resume: delete the output folder's old checkpoints.")
     ] = False,
-    num_processes: Annotated[Optional[int], NUM_PROCESSES] = None,
-    accelerate_config: Annotated[Optional[str], ACCELERATE_CONFIG] = None,
+    num_processes: Annotated[int | None, NUM_PROCESSES] = None,
+    accelerate_config: Annotated[str | None, ACCELERATE_CONFIG] = None,
 ) -> None:
     """Train with GRPO: the recipe's task builds prompts, its rewards score completions, TRL's GRPOTrainer learns.
 
@@ -159,8 +161,8 @@ def sft(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="With --no-resume: delete the output folder's old checkpoints.")
     ] = False,
-    num_processes: Annotated[Optional[int], NUM_PROCESSES] = None,
-    accelerate_config: Annotated[Optional[str], ACCELERATE_CONFIG] = None,
+    num_processes: Annotated[int | None, NUM_PROCESSES] = None,
+    accelerate_config: Annotated[str | None, ACCELERATE_CONFIG] = None,
 ) -> None:
     """Supervised cold start: teach the task's output format from reference solutions (TRL's SFTTrainer).
 
@@ -177,13 +179,13 @@ def check(
     ctx: typer.Context,
     config: Annotated[str, RECIPE_OPTION],
     command: Annotated[
-        Optional[str], typer.Option("--command", help="Check as an `rl` or `sft` recipe (default: guessed from its keys).")
+        str | None, typer.Option("--command", help="Check as an `rl` or `sft` recipe (default: guessed from its keys).")
     ] = None,
     num_processes: Annotated[
-        Optional[int], typer.Option("--num-processes", help="Processes the run will use (default: from the environment or 1).")
+        int | None, typer.Option("--num-processes", help="Processes the run will use (default: from the environment or 1).")
     ] = None,
     accelerate_config: Annotated[
-        Optional[str], typer.Option("--accelerate-config", help="accelerate config file the run will use.")
+        str | None, typer.Option("--accelerate-config", help="accelerate config file the run will use.")
     ] = None,
 ) -> None:
     """Validate a recipe without loading a model or a dataset, and print the resolved plan.
@@ -210,10 +212,10 @@ def merge(
     ],
     output: Annotated[str, typer.Option("--output", "-o", help="Folder for the merged model.")],
     base: Annotated[
-        Optional[str], typer.Option("--base", help="Base model (default: the one named in the adapter's config).")
+        str | None, typer.Option("--base", help="Base model (default: the one named in the adapter's config).")
     ] = None,
     dtype: Annotated[
-        Optional[str], typer.Option("--dtype", help="bfloat16, float16 or float32 (default: the base model's).")
+        str | None, typer.Option("--dtype", help="bfloat16, float16 or float32 (default: the base model's).")
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing, non-empty output folder.")] = False,
 ) -> None:
@@ -253,7 +255,7 @@ def eval_(
     ctx: typer.Context,
     config: Annotated[str, RECIPE_OPTION],
     model: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Option(
             "--model",
             "-m",
@@ -262,22 +264,22 @@ def eval_(
         ),
     ] = None,
     adapter: Annotated[
-        Optional[str], typer.Option("--adapter", help="LoRA adapter (or run folder) on top of the one --model.")
+        str | None, typer.Option("--adapter", help="LoRA adapter (or run folder) on top of the one --model.")
     ] = None,
-    split: Annotated[Optional[str], typer.Option("--split", help="Split to evaluate (default: the recipe's test split).")] = None,
-    limit: Annotated[Optional[int], typer.Option("--limit", help="Evaluate the first N prompts only.")] = None,
+    split: Annotated[str | None, typer.Option("--split", help="Split to evaluate (default: the recipe's test split).")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="Evaluate the first N prompts only.")] = None,
     num_generations: Annotated[
         int, typer.Option("--num-generations", "-k", help="Completions per prompt: 1 is greedy, K > 1 samples.")
     ] = 1,
     temperature: Annotated[
-        Optional[float], typer.Option("--temperature", help="Sampling temperature (default: the recipe's).")
+        float | None, typer.Option("--temperature", help="Sampling temperature (default: the recipe's).")
     ] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts per generation batch.")] = 8,
     max_new_tokens: Annotated[
-        Optional[int], typer.Option("--max-new-tokens", help="Default: the recipe's max_completion_length.")
+        int | None, typer.Option("--max-new-tokens", help="Default: the recipe's max_completion_length.")
     ] = None,
     output: Annotated[
-        Optional[str], typer.Option("--output", "-o", help="Folder for summary.json and samples.jsonl (default: OUTPUT_DIR/eval).")
+        str | None, typer.Option("--output", "-o", help="Folder for summary.json and samples.jsonl (default: OUTPUT_DIR/eval).")
     ] = None,
     vllm: Annotated[bool, typer.Option("--vllm", help="Generate with vLLM (needs it installed and a GPU).")] = False,
 ) -> None:
@@ -349,7 +351,7 @@ app.add_typer(rewards_app, name="rewards")
 
 @rewards_app.command("list")
 def rewards_list(
-    task: Annotated[Optional[str], typer.Option("--task", help="Only the rewards of this task.")] = None,
+    task: Annotated[str | None, typer.Option("--task", help="Only the rewards of this task.")] = None,
 ) -> None:
     """List the registered rewards: name, task, range, the dataset columns they read, what they check."""
     from grpo_cli.console import console
@@ -376,7 +378,7 @@ def rewards_score(
     config: Annotated[str, RECIPE_OPTION],
     input: Annotated[str, typer.Option("--input", "-i", help="JSONL: the task's columns + completion (+ prompt).")],
     output: Annotated[
-        Optional[str], typer.Option("--output", "-o", help="Scored JSONL (default: standard output).")
+        str | None, typer.Option("--output", "-o", help="Scored JSONL (default: standard output).")
     ] = None,
 ) -> None:
     """Score completions with the recipe's rewards (no model): one field per reward and the weighted total.

@@ -95,7 +95,7 @@ def test_all_problems_reported_at_once_with_lines(tmp_path):
     assert f"{path}:7: `max_length` is a `grpo sft` key" in text
     assert "`--vllm_device`: `vllm_device` was removed in TRL 1.x: use `use_vllm: true`" in text
     # batch 8 (TRL's default per-device batch) x 1 process x 1 step is not divisible by 3 generations
-    assert f"{path}:9: the generation batch" in text and "not divisible by `num_generations` (3)" in text
+    assert f"{path}:8: the generation batch" in text and "not divisible by `num_generations` (3)" in text
     assert len(err.value.problems) == 8
 
 
@@ -103,7 +103,7 @@ def test_all_problems_reported_at_once_with_lines(tmp_path):
 def test_renamed_keys_say_what_replaced_them(tmp_path, old, new):
     path = write(tmp_path, f"model_name_or_path: m\n{old}: 1\n")
     _, problems = read_recipe(str(path), [], "sft" if old == "max_seq_length" else "rl")
-    assert len(problems) == 1 and f"`{new}`" in problems[0] and f"{path}:2" in problems[0]
+    assert len(problems) == 1 and f"`{new}" in problems[0] and f"{path}:2" in problems[0]
 
 
 def test_process_count_changes_divisibility(tmp_path):

@@ -71,8 +71,10 @@ class RewardArguments:
         },
     )
     reward_timeout: float = field(
-        default=2.0,
-        metadata={"help": "Seconds one reward may spend on a batch before its completions get the failure value."},
+        default=0.5,
+        metadata={
+            "help": "Seconds per completion one reward may spend on a batch before the batch gets the failure value."
+        },
     )
 
 

@@ -49,15 +49,12 @@ def _file_problems(recipe: Recipe) -> list[str]:
     return problems
 
 
-def generation_batch(values: dict, num_processes: int) -> tuple[int, int]:
-    """(generation batch, steps per generation) as GRPOConfig derives them for this many processes."""
-    per_device = values.get("per_device_train_batch_size")
-    accumulation = values.get("gradient_accumulation_steps")
-    gen_batch, steps = values.get("generation_batch_size"), values.get("steps_per_generation")
-    if gen_batch is None:
-        steps = steps or accumulation
-        return per_device * num_processes * steps, steps
-    return gen_batch, (steps or gen_batch // max(1, per_device * num_processes))
+def generation_batch(values: dict, num_processes: int) -> int:
+    """Completions generated at once, as GRPOConfig derives it for this many processes."""
+    if values.get("generation_batch_size") is not None:
+        return values["generation_batch_size"]
+    steps = values.get("steps_per_generation") or values.get("gradient_accumulation_steps")
+    return values.get("per_device_train_batch_size") * num_processes * steps
 
 
 def _batch_problems(recipe: Recipe, num_processes: int) -> list[str]:
@@ -73,7 +70,7 @@ def _batch_problems(recipe: Recipe, num_processes: int) -> list[str]:
                         "`steps_per_generation`, not both")
         return problems
     per_device = values.get("per_device_train_batch_size")
-    gen_batch, _ = generation_batch(values, num_processes)
+    gen_batch = generation_batch(values, num_processes)
     if gen_batch % (per_device * num_processes):
         problems.append(
             f"{recipe.where('generation_batch_size')}: `generation_batch_size` ({gen_batch}) must be divisible by "
@@ -166,7 +163,7 @@ def build_plan(recipe: Recipe, num_processes: int, accelerate_config: dict | Non
         names = reward_names(recipe)
         weights = v.get("reward_weights") or [1.0] * len(names)
         rows.append(("rewards", ", ".join(f"{n} x {w:g}" for n, w in zip(names, weights))))
-        gen_batch, steps = generation_batch(v, num_processes)
+        gen_batch = generation_batch(v, num_processes)
         num_generations = v.get("num_generations")
         rows += [
             ("effective batch", f"{per_device} per device x {num_processes} processes x {accumulation} accumulation "

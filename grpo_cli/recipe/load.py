@@ -239,9 +239,8 @@ def coerce(value: Any, spec: dict) -> Any:
                 return float(value)
             except ValueError:
                 pass
-    if kind == "str" and isinstance(value, (str, int, float)) and not isinstance(value, bool):
-        if choices is None:
-            return str(value)
+    if kind == "str" and choices is None and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
     if kind == "list":
         items = value if isinstance(value, list) else [value]
         item_spec = {"type": spec.get("item", "any")}

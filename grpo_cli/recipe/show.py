@@ -74,19 +74,6 @@ def print_plan(recipe: Recipe, plan: Plan) -> None:
         console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
 
 
-def load_accelerate_config(path: str | None) -> dict | None:
-    if not path:
-        return None
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise UserError(f"--accelerate-config: no such file: {path}")
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise UserError(f"{path}: not valid YAML ({err}) - fix the syntax") from None
-    return data if isinstance(data, dict) else {}
-
-
 def check_and_show(
     config: str | None,
     overrides: list[str],
@@ -96,6 +83,7 @@ def check_and_show(
     show: bool = True,
 ) -> tuple[Recipe, Plan]:
     """Load and check a recipe, print its plan; raises UserError with every problem found."""
+    from grpo_cli.launch import load_accelerate_config
     from grpo_cli.launch import num_processes as count_processes
 
     recipe, problems = read_recipe(config, overrides, command)

@@ -51,7 +51,8 @@ def _slice(value: Any, index: int, n: int) -> Any:
 
 
 class RewardGuard:
-    """A TRL reward callable wrapping one reward: same `__name__`, never raises, bounded by `timeout` seconds."""
+    """A TRL reward callable wrapping one reward: same `__name__`, never raises, bounded by `timeout` seconds per
+    completion (a batch of n completions gets n times that)."""
 
     def __init__(self, spec: RewardSpec, timeout: float | None):
         self.spec = spec
@@ -141,7 +142,7 @@ class RewardGuard:
         self.scored += n
         values: list[float | None] | None = None
         try:
-            with time_limit(self.timeout) as limit:
+            with time_limit(self.timeout * max(1, n) if self.timeout else None) as limit:
                 try:
                     result = _settle(self.spec.func(prompts=prompts, completions=completions, **kwargs))
                 except Exception:  # noqa: BLE001 - find which completions raise, one by one
@@ -156,7 +157,7 @@ class RewardGuard:
             longest = max(range(n), key=lambda i: len(str(completions[i])), default=None)
             self._show_once(
                 "timeout",
-                f"reward {self.spec.name} took longer than {self.timeout:g} s on a batch of {n} completions; "
+                f"reward {self.spec.name} took longer than {self.timeout:g} s per completion on a batch of {n}; "
                 f"they all score {self.spec.failure:g} and the run goes on. Longest completion: "
                 + (_preview(prompts[longest], completions[longest]) if longest is not None else "none"),
             )

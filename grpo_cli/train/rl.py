@@ -6,6 +6,7 @@ Read top to bottom: check, load tokenizer, data and model, build the trainer, tr
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from trl import GRPOTrainer
@@ -47,7 +48,7 @@ class RolloutRecorder(GRPOTrainer):
 
 def _finite(value):
     value = float(value)
-    return value if value == value else None  # NaN (a reward that did not apply) -> null
+    return None if math.isnan(value) else value  # NaN (a reward that did not apply) -> null
 
 
 def conversational(reward_func):
