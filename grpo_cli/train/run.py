@@ -36,6 +36,16 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _peak_gpu_memory(trainer) -> list[float] | None:
+    """Peak GPU memory of every process in GiB (all processes must call this), or None on CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    peak = torch.tensor([torch.cuda.max_memory_allocated() / 2**30], device=trainer.accelerator.device)
+    return [round(x, 2) for x in trainer.accelerator.gather(peak).tolist()]
+
+
 class TrainingRun:
     """One training run of a recipe: everything around the TRL trainer that both commands need."""
 
@@ -113,9 +123,12 @@ class TrainingRun:
             )
             raise KeyboardInterrupt
         self._save_final(trainer)
+        peaks = _peak_gpu_memory(trainer)
         if trainer.accelerator.is_main_process:
             summary = {
                 "global_step": trainer.state.global_step,
+                "num_processes": trainer.accelerator.num_processes,
+                "peak_gpu_memory_gib": peaks,
                 "metrics": result.metrics,
                 "log_history": trainer.state.log_history,
             }
