@@ -34,6 +34,9 @@ PROJECT_DEFAULTS = {
     "save_total_limit": 3,
     "disable_tqdm": True,  # grpo draws its own progress bar
     "log_completions": False,  # grpo prints sample completions itself
+    # Without vLLM, rollouts decode from a static KV cache with CUDA-graph steps (grpo_cli/train/rollout.py);
+    # `cache_implementation: dynamic` gives TRL's own `model.generate` loop.
+    "cache_implementation": "static",
 }
 
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 from trl import GRPOTrainer
 
 from grpo_cli.recipe import Recipe, reward_names
+from grpo_cli.train.rollout import static_rollout
 from grpo_cli.train.run import TrainingRun
 
 
@@ -72,15 +74,18 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
     rewards = [conversational(f) for f in build_reward_funcs(names, recipe.reward.reward_timeout)]
     model = run.load_model()
 
-    trainer = RolloutRecorder(
-        model=model,
-        reward_funcs=rewards,
-        args=run.args,
-        train_dataset=prompts,
-        processing_class=run.tokenizer,
-        peft_config=run.peft_config(),
-        callbacks=run.callbacks(),
-    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="You are using 'rollout_func'")  # ours, not an experiment of the user's
+        trainer = RolloutRecorder(
+            model=model,
+            reward_funcs=rewards,
+            args=run.args,
+            train_dataset=prompts,
+            processing_class=run.tokenizer,
+            peft_config=run.peft_config(),
+            callbacks=run.callbacks(),
+            rollout_func=static_rollout(run.args, model),  # None: TRL's own generation
+        )
     if trainer.accelerator.is_main_process:
         trainer.rollouts_path = Path(run.args.output_dir) / "rollouts.jsonl"
     return run.train(trainer)

@@ -1,0 +1,623 @@
+"""GRPO step time on one GPU: plain TRL with its defaults against `grpo rl` with the project's defaults, side by side.
+
+    python benchmarks/grpo_bench.py                      # the H200 plan: Qwen2.5-0.5B/1.5B shapes, 256/1024 tokens
+    python benchmarks/grpo_bench.py --device cpu --tiny  # the same plumbing on a tiny model (seconds, no GPU)
+
+Every configuration trains the same random-weight model (real tokenizer) on the same generated Countdown prompts,
+with the same prompts and generations per optimizer step, completion length, optimizer steps and seed, each in its
+own process (so peak memory is its own). Random weights rarely emit EOS: completions run to the length limit on
+both sides. The table goes to stderr, the numbers to a JSON file rewritten after each configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+SHAPES = {  # Qwen2.5 shapes (config.json of the released models), random weights
+    "qwen2.5-0.5b": {
+        "hidden_size": 896,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "intermediate_size": 4864,
+        "vocab_size": 151936,
+    },
+    "qwen2.5-1.5b": {
+        "hidden_size": 1536,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "intermediate_size": 8960,
+        "vocab_size": 151936,
+    },
+    "tiny": {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 49152,
+    },
+}
+
+# name -> (side, recipe/GRPOConfig keys on top of the shared ones). "trl" is the plain TRL script; the others run
+# `grpo rl` through grpo_cli.train.rl.run_rl, so they get the project's defaults unless a key here says otherwise.
+CONFIGS = {
+    "trl": ("trl", {}),
+    "grpo": ("grpo", {}),
+    "grpo-dynamic": ("grpo", {"cache_implementation": "dynamic"}),  # TRL's model.generate through grpo
+    "grpo-cb": ("grpo", {"use_transformers_continuous_batching": True, "cache_implementation": None}),
+    "grpo-no-gc": ("grpo", {"gradient_checkpointing": False}),
+}
+
+# (shape, completion length, config, time cap in seconds, optimizer steps), most wanted first; configurations start
+# while the time budget lasts. The baselines' steps are long and alike: one warm-up step and one timed.
+GPU_PLAN = [
+    ("qwen2.5-0.5b", 256, "trl", 80, 2),
+    ("qwen2.5-0.5b", 256, "grpo", 60, 3),
+    ("qwen2.5-0.5b", 256, "grpo-cb", 45, 3),
+    ("qwen2.5-1.5b", 256, "trl", 90, 2),
+    ("qwen2.5-1.5b", 256, "grpo", 60, 3),
+    ("qwen2.5-0.5b", 1024, "grpo", 60, 3),
+    ("qwen2.5-0.5b", 1024, "trl", 120, 2),
+    ("qwen2.5-1.5b", 1024, "grpo", 80, 3),
+    ("qwen2.5-1.5b", 1024, "trl", 150, 2),
+    ("qwen2.5-0.5b", 256, "grpo-no-gc", 60, 3),
+    ("qwen2.5-0.5b", 256, "grpo-dynamic", 80, 2),
+]
+TINY_PLAN = [("tiny", 8, "trl", 120, 3), ("tiny", 8, "grpo", 120, 3)]
+
+
+# --------------------------------------------------------------------------------------------- the worker side
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def _install_timers(record: dict, out: Path, steps: int) -> None:
+    """Time generation, reward scoring and whole optimizer steps of any GRPOTrainer in this process."""
+    import torch
+    from transformers.trainer_callback import CallbackHandler
+    from trl import GRPOTrainer
+
+    from grpo_cli.train import rollout
+
+    cuda = torch.cuda.is_available()
+
+    def now() -> float:
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    pending = {"generate_s": 0.0, "reward_s": 0.0, "completion_tokens": 0, "decode_steps": 0, "calls": []}
+    clock = {"last": None}
+    generate, calculate_rewards = GRPOTrainer._generate, GRPOTrainer._calculate_rewards
+    step_begin, step_end = CallbackHandler.on_train_begin, CallbackHandler.on_step_end
+
+    def timed_generate(self, prompts):
+        start = now()
+        output = generate(self, prompts)
+        pending["generate_s"] += now() - start
+        prompt_ids, completion_ids = output[0], output[1]
+        pending["completion_tokens"] += sum(len(c) for c in completion_ids)
+        pending["decode_steps"] += max(len(c) for c in completion_ids)
+        pending["calls"].append({"batch": len(completion_ids), "prompt_len": max(len(p) for p in prompt_ids)})
+        if "rollout" not in record:
+            if self.rollout_func is None:
+                record["rollout"] = "trl generate"
+            else:
+                reason = rollout.trainer_fallback_reason(self)
+                record["rollout"] = f"trl generate ({reason})" if reason else "grpo static cache"
+        if record.get("rollout") == "grpo static cache":
+            record["rollout_graphs"] = torch.cuda.is_available() and not rollout._GRAPHS_BROKEN
+            record["rollout_graphs_problem"] = rollout._GRAPHS_BROKEN[:1]
+        return output
+
+    def timed_rewards(self, *args, **kwargs):
+        start = now()
+        output = calculate_rewards(self, *args, **kwargs)
+        pending["reward_s"] += now() - start
+        return output
+
+    def on_train_begin(self, *args, **kwargs):
+        clock["last"] = now()
+        return step_begin(self, *args, **kwargs)
+
+    def on_step_end(self, *args, **kwargs):
+        end = now()
+        step = {"step_s": end - clock["last"], **pending}
+        if cuda:
+            step["peak_bytes"] = torch.cuda.max_memory_allocated()
+        record["steps"].append(step)
+        pending.update(generate_s=0.0, reward_s=0.0, completion_tokens=0, decode_steps=0, calls=[])
+        done = len(record["steps"]) >= steps
+        record["status"] = "done" if done else "running"
+        _write_json(out, record)
+        if done:  # what follows (the final save) is not part of a step: leave now
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        output = step_end(self, *args, **kwargs)
+        clock["last"] = now()  # callbacks (logging, console) count in the next step, as in a real run
+        return output
+
+    GRPOTrainer._generate = timed_generate
+    GRPOTrainer._calculate_rewards = timed_rewards
+    CallbackHandler.on_train_begin = on_train_begin
+    CallbackHandler.on_step_end = on_step_end
+
+
+def _shared_keys(spec: dict) -> dict:
+    """The GRPO work both sides do: prompts and generations per step, length, steps, seed."""
+    completions = spec["prompts"] * spec["generations"]
+    micro = min(8, completions)  # TRL's default per_device_train_batch_size, 8
+    keys = {
+        "num_generations": spec["generations"],
+        "max_completion_length": spec["length"],
+        "gradient_accumulation_steps": completions // micro,
+        "max_steps": spec["steps"],
+        "seed": spec["seed"],
+    }
+    if micro != 8:
+        keys["per_device_train_batch_size"] = micro
+    return keys
+
+
+def _prompts(spec: dict, tokenizer):
+    """The Countdown rows grpo trains on, rendered the same way (the plain TRL script reads them as text)."""
+    from grpo_cli.recipe.args import TaskArguments
+    from grpo_cli.tasks import load_task_dataset
+    from grpo_cli.train.run import render_prompt
+
+    task = TaskArguments(task="countdown", dataset_generate=spec["rows"], dataset_seed=0)
+    rows = load_task_dataset(task, task.dataset_train_split, seed=spec["seed"])
+    return rows.map(
+        lambda row: {"prompt": render_prompt(tokenizer, row["prompt"]), "prompt_messages": row["prompt"]}
+    )
+
+
+def run_trl(spec: dict, output_dir: Path) -> None:
+    """The baseline: a plain TRL script, GRPOTrainer with the library's defaults (bf16 weights, no vLLM)."""
+    import torch
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpo_cli.rewards import build_reward_funcs
+    from grpo_cli.train.rl import conversational
+
+    cuda = torch.cuda.is_available()
+    tokenizer = AutoTokenizer.from_pretrained(spec["model"])
+    args = GRPOConfig(
+        output_dir=str(output_dir),
+        model_init_kwargs={"dtype": "bfloat16" if cuda else "float32"},
+        bf16=cuda,
+        report_to="none",
+        save_strategy="no",
+        **_shared_keys(spec),
+        **spec["overrides"],
+    )
+    rewards = [conversational(f) for f in build_reward_funcs(["countdown_format", "countdown_equation"], 0.5)]
+    trainer = GRPOTrainer(
+        model=spec["model"],
+        reward_funcs=rewards,
+        args=args,
+        train_dataset=_prompts(spec, tokenizer),
+        processing_class=tokenizer,
+    )
+    trainer.train()
+
+
+def run_grpo(spec: dict, output_dir: Path) -> None:
+    """`grpo rl` on a recipe holding only what the benchmark fixes; everything else is the project's default."""
+    import torch
+    import yaml
+
+    from grpo_cli.recipe import load_recipe
+    from grpo_cli.train.rl import run_rl
+
+    cuda = torch.cuda.is_available()
+    recipe = {
+        "model_name_or_path": spec["model"],
+        "dtype": "bfloat16" if cuda else "float32",
+        "task": "countdown",
+        "dataset_generate": spec["rows"],
+        "dataset_seed": 0,
+        "reward_funcs": ["countdown_format", "countdown_equation"],
+        "output_dir": str(output_dir),
+        **_shared_keys(spec),
+        **spec["overrides"],
+    }
+    path = output_dir.parent / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    run_rl(load_recipe(str(path), [], "rl"), resume=False, overwrite=True)
+
+
+def worker(spec_path: Path) -> None:
+    """Run one configuration, writing its per-step timings to spec['out'] after every step."""
+    spec = json.loads(spec_path.read_text())
+    out = Path(spec["out"])
+    record = {"status": "starting", "steps": []}
+    _write_json(out, record)
+    _install_timers(record, out, spec["steps"])
+    work = Path(tempfile.mkdtemp(prefix="grpo-bench-"))
+    (run_trl if spec["side"] == "trl" else run_grpo)(spec, work / "run")
+    record["status"] = "done"
+    _write_json(out, record)
+
+
+# --------------------------------------------------------------------------------------------- the driver side
+
+
+def build_model(shape: str, tokenizer_dir: Path, out: Path, device: str) -> dict:
+    """A Qwen2 model of `shape` with seeded random weights, saved with the tokenizer; returns its sizes."""
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    config = Qwen2Config(
+        **SHAPES[shape],
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config).to(dtype)
+    model.config.dtype = dtype
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    sizes = {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+        "layers": config.num_hidden_layers,
+        "kv_heads": config.num_key_value_heads,
+        "head_dim": config.hidden_size // config.num_attention_heads,
+        "dtype_bytes": torch.tensor([], dtype=dtype).element_size(),
+    }
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return sizes
+
+
+def copy_bandwidth(device: str) -> float:
+    """Measured device copy bandwidth in bytes/s (bytes read plus bytes written)."""
+    import torch
+
+    size = (2 << 30) if device == "cuda" else (256 << 20)
+    src = torch.empty(size, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    repeats = 10
+    start = time.perf_counter()
+    for _ in range(repeats):
+        dst.copy_(src)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    del src, dst
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return 2 * size * repeats / seconds
+
+
+def reward_scoring(count: int) -> dict:
+    """Seconds to score `count` completions with the countdown rewards and with math-verify's dapo_answer."""
+    from grpo_cli.rewards import build_reward_funcs
+
+    countdown = build_reward_funcs(["countdown_format", "countdown_equation"], 0.5)
+    dapo = build_reward_funcs(["dapo_answer"], 0.5)
+    think = "Let me try 25 - 3 = 22, then 22 * 4 = 88, too high; " * 8
+    completions = [
+        f"<think>{think}</think> <answer>({i % 7 + 1} + 3) * 4 - 25</answer>" for i in range(count)
+    ]
+    chats = [[{"role": "assistant", "content": c}] for c in completions]
+    answers = [r"\frac{3}{4}", "0.75", r"\sqrt{2}", "12", r"x^2+1", "3/4", r"\boxed{7}", "1e3"]
+    dapo_texts = [
+        f"<start_working_out>{think}<end_working_out><SOLUTION>{answers[i % len(answers)]}</SOLUTION>"
+        for i in range(count)
+    ]
+    dapo_chats = [[{"role": "assistant", "content": c}] for c in dapo_texts]
+    golds = [answers[(i + 1) % len(answers)] if i % 3 else answers[i % len(answers)] for i in range(count)]
+    timings = {}
+    start = time.perf_counter()
+    for func in countdown:
+        func(prompts=None, completions=chats, nums=[[3, 4, 25]] * count, target=[88] * count)
+    timings["countdown_s"] = time.perf_counter() - start
+    for func in dapo:  # first call imports math-verify and its grammar: time it apart
+        start = time.perf_counter()
+        func(prompts=None, completions=dapo_chats[:1], solution=golds[:1])
+        timings["dapo_answer_first_call_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        func(prompts=None, completions=dapo_chats, solution=golds)
+        timings["dapo_answer_s"] = time.perf_counter() - start
+    timings["completions"] = count
+    return timings
+
+
+def summarize(result: dict, warmup: int, bandwidth: float | None) -> dict:
+    """Median step after warm-up and its split; decode speed against the bandwidth limit."""
+    steps = result.get("steps", [])[warmup:]
+    if not steps:  # cut short before a timed step: the warm-up step is all there is, and timed_steps says so
+        steps = result.get("steps", [])[-1:]
+        if not steps:
+            return {}
+    med = statistics.median
+    sizes = result["sizes"]
+    step_s = med(s["step_s"] for s in steps)
+    generate_s = med(s["generate_s"] for s in steps)
+    reward_s = med(s["reward_s"] for s in steps)
+    summary = {
+        "timed_steps": len(steps) if len(result["steps"]) > warmup else 0,
+        "step_s": step_s,
+        "generate_s": generate_s,
+        "reward_s": reward_s,
+        "policy_s": med(s["step_s"] - s["generate_s"] - s["reward_s"] for s in steps),
+        "completion_tokens_per_step": med(s["completion_tokens"] for s in steps),
+        "tokens_per_s": med(s["completion_tokens"] for s in steps) / step_s,
+    }
+    decode_steps = med(s["decode_steps"] for s in steps)
+    if decode_steps:
+        summary["decode_ms"] = 1000 * generate_s / decode_steps
+    calls = steps[-1]["calls"]
+    if bandwidth and calls and decode_steps:
+        # Each decode step reads the weights once and the KV cache written so far (prompt + half the completion on
+        # average) for every sequence of its generation call.
+        per_call_steps = decode_steps / len(calls)
+        kv_per_token = 2 * sizes["layers"] * sizes["kv_heads"] * sizes["head_dim"] * sizes["dtype_bytes"]
+        bytes_per_step = statistics.mean(
+            sizes["weight_bytes"] + c["batch"] * kv_per_token * (c["prompt_len"] + per_call_steps / 2)
+            for c in calls
+        )
+        summary["bandwidth_limit_ms"] = 1000 * bytes_per_step / bandwidth
+        summary["bandwidth_share"] = summary["bandwidth_limit_ms"] / summary["decode_ms"]
+    peaks = [s["peak_bytes"] for s in result["steps"] if "peak_bytes" in s]
+    if peaks:
+        summary["peak_gib"] = max(peaks) / 2**30
+    return summary
+
+
+def _run_worker(spec: dict, cap: float, log: Path) -> dict:
+    spec_path = Path(spec["out"]).with_suffix(".spec.json")
+    spec_path.write_text(json.dumps(spec))
+    start = time.perf_counter()
+    with open(log, "w") as handle:
+        process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=str(ROOT),
+        )
+        try:
+            code = process.wait(timeout=cap)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            code = "cap"
+    result = json.loads(Path(spec["out"]).read_text()) if Path(spec["out"]).is_file() else {"steps": []}
+    result["wall_s"] = time.perf_counter() - start
+    if code == "cap":
+        result["status"] = f"stopped at its {cap:.0f} s cap after {len(result['steps'])} step(s)"
+    elif result.get("status") != "done":
+        tail = log.read_text(errors="replace").strip().splitlines()[-15:]
+        result["status"] = f"failed (exit {code})"
+        result["log_tail"] = tail
+    return result
+
+
+def print_table(results: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="GRPO step, median after warm-up (16 prompts x 8 generations unless noted)")
+    for column in (
+        "shape",
+        "tokens",
+        "config",
+        "rollout",
+        "step s",
+        "gen s",
+        "reward s",
+        "policy s",
+        "tok/s",
+        "ms/decode",
+        "BW share",
+        "peak GiB",
+        "speedup",
+        "status",
+    ):
+        table.add_column(
+            column, justify="left" if column in ("shape", "config", "rollout", "status") else "right"
+        )
+
+    def fmt(value, pattern="{:.2f}"):
+        return "-" if value is None else pattern.format(value)
+
+    for r in results:
+        s = r.get("summary", {})
+        table.add_row(
+            r["shape"],
+            str(r["length"]),
+            r["config"],
+            str(r.get("rollout", "-")),
+            fmt(s.get("step_s")),
+            fmt(s.get("generate_s")),
+            fmt(s.get("reward_s"), "{:.3f}"),
+            fmt(s.get("policy_s")),
+            fmt(s.get("tokens_per_s"), "{:.0f}"),
+            fmt(s.get("decode_ms")),
+            fmt(s.get("bandwidth_share"), "{:.1%}"),
+            fmt(s.get("peak_gib")),
+            fmt(r.get("speedup"), "{:.2f}x"),
+            r.get("status", ""),
+        )
+    Console(stderr=True, width=200).print(table)
+
+
+def tokenizer_folder(given: str | None, work: Path) -> Path:
+    """The tokenizer to build models with: a folder given, or the demo model's SmolLM2 tokenizer saved once."""
+    if given:
+        return Path(given)
+    from grpo_cli.models import load_tokenizer
+
+    out = work / "tokenizer"
+    load_tokenizer("smollm2-135m-instruct").save_pretrained(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="tiny model, 2 prompts x 4 generations, 8 tokens")
+    parser.add_argument(
+        "--plan", help="comma-separated shape:length:config[:cap] entries instead of the built-in plan"
+    )
+    parser.add_argument("--prompts", type=int, help="prompts per optimizer step (default 16; tiny 2)")
+    parser.add_argument("--generations", type=int, help="generations per prompt (default 8; tiny 4)")
+    parser.add_argument(
+        "--steps", type=int, default=3, help="optimizer steps of a --plan entry that names none"
+    )
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--budget-s", type=float, default=280, help="stop starting configurations after this")
+    parser.add_argument("--tokenizer", help="tokenizer folder (default: the SmolLM2 demo tokenizer)")
+    parser.add_argument("--reward-completions", type=int, default=128)
+    parser.add_argument("--out", default="benchmarks/results.json")
+    parser.add_argument("--work", help="folder for models and logs (default: a temporary one)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(Path(args.worker))
+        return
+
+    started = time.perf_counter()
+    deadline = started + args.budget_s
+    prompts = args.prompts or (2 if args.tiny else 16)
+    generations = args.generations or (4 if args.tiny else 8)
+    if args.plan:
+        plan = []
+        for entry in args.plan.split(","):
+            parts = entry.split(":")  # shape:length:config[:cap[:steps]]
+            cap = float(parts[3]) if len(parts) > 3 else 120.0
+            plan.append(
+                (parts[0], int(parts[1]), parts[2], cap, int(parts[4]) if len(parts) > 4 else args.steps)
+            )
+    else:
+        plan = TINY_PLAN if args.tiny else GPU_PLAN
+    work = Path(args.work or tempfile.mkdtemp(prefix="grpo-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    import torch
+
+    report = {
+        "command": " ".join(
+            [Path(sys.argv[0]).name if argv is None else "grpo_bench.py", *(argv or sys.argv[1:])]
+        ),
+        "machine": {
+            "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+            "torch": torch.__version__,
+            "cpus": os.cpu_count(),
+        },
+        "per_step": {"prompts": prompts, "generations": generations, "warmup_steps": args.warmup},
+        "results": [],
+    }
+    import transformers
+    import trl
+
+    report["machine"].update(transformers=transformers.__version__, trl=trl.__version__)
+    bandwidth = copy_bandwidth(args.device)
+    report["machine"]["copy_bandwidth_gb_s"] = bandwidth / 1e9
+    report["reward_scoring"] = reward_scoring(args.reward_completions)
+    tokenizer_dir = tokenizer_folder(args.tokenizer, work)
+    models: dict[str, tuple[Path, dict]] = {}
+    _write_json(out, report)
+
+    for shape, length, config, cap, steps in plan:
+        side, overrides = CONFIGS[config]
+        entry = {
+            "shape": shape,
+            "length": length,
+            "config": config,
+            "side": side,
+            "overrides": overrides,
+            "optimizer_steps": steps,
+        }
+        remaining = deadline - time.perf_counter()
+        if remaining < min(cap, 30):
+            entry["status"] = "not run (time budget)"
+            report["results"].append(entry)
+            continue
+        if shape not in models:
+            folder = work / f"model-{shape}"
+            models[shape] = (folder, build_model(shape, tokenizer_dir, folder, args.device))
+        folder, sizes = models[shape]
+        spec = {
+            "side": side,
+            "model": str(folder),
+            "length": length,
+            "prompts": prompts,
+            "generations": generations,
+            "steps": steps,
+            "seed": 42,
+            "rows": max(64, prompts * (steps + 1)),
+            "overrides": overrides,
+            "out": str(work / f"{shape}-{length}-{config}.json"),
+        }
+        result = _run_worker(spec, min(cap, remaining), work / f"{shape}-{length}-{config}.log")
+        entry.update(result)
+        entry["sizes"] = sizes
+        entry["summary"] = summarize(entry, args.warmup, bandwidth if args.device == "cuda" else None)
+        report["results"].append(entry)
+        base = next(
+            (
+                r
+                for r in report["results"]
+                if r["shape"] == shape and r["length"] == length and r["config"] == "trl" and r.get("summary")
+            ),
+            None,
+        )
+        for r in report["results"]:
+            if base and r["shape"] == shape and r["length"] == length and r.get("summary"):
+                r["speedup"] = base["summary"]["step_s"] / r["summary"]["step_s"]
+        report["elapsed_s"] = time.perf_counter() - started
+        _write_json(out, report)
+        print(
+            f"{shape} {length} {config}: {entry.get('status')} {json.dumps(entry['summary'])}",
+            file=sys.stderr,
+        )
+
+    print_table(report["results"])
+    print(f"wrote {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,371 @@
+"""Rollouts without vLLM: sampling from the policy with a static KV cache, each decode step one CUDA graph replay.
+
+TRL's own path calls `model.generate`, which launches every kernel of every layer from Python at each decode step:
+tens of milliseconds per token on a small model whose weights the GPU reads in well under one. Here the cache is
+allocated once per rollout and the one-token step of the whole batch is captured as a CUDA graph (one per stretch
+of cache length, so a step reads only the part of the cache in use). The sampling is TRL's: float32 logits,
+temperature, top-k, top-p, min-p, and a completion ends at its first EOS token, which it keeps.
+
+It reuses the model's own modules (norms, projections with any LoRA layers, MLP, rotary embedding), so only the
+attention and the cache are ours; models of another shape, and set-ups it does not cover, go through TRL's path.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass
+
+logger = logging.getLogger("grpo_cli.train.rollout")
+
+# Decoder-only families whose layers are: norm -> attention (q/k/v/o projections, rotary, optional q/k norms) ->
+# residual -> norm -> MLP -> residual, with plain scaled dot-product attention over all earlier tokens.
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+SUPPORTED_ROPE_TYPES = (
+    "default",
+    "linear",
+    "llama3",
+    "yarn",
+)  # computed from positions alone, no data-dependent update
+KV_STRETCH = (
+    256  # tokens of cache per decode graph: a step attends over the stretches in use, not the whole cache
+)
+ALL_DONE_CHECK_EVERY = 32  # decode steps between checks whether every completion has ended (a device sync)
+
+
+@dataclass
+class Sampling:
+    """How tokens are drawn from the logits (TRL's generation settings)."""
+
+    temperature: float = 1.0
+    top_k: int | None = 0
+    top_p: float = 1.0
+    min_p: float | None = None
+
+
+def unsupported_reason(model) -> str | None:
+    """Why `model` cannot use this rollout path (None when it can)."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model type {model_type!r} is not one of {', '.join(SUPPORTED_MODEL_TYPES)}"
+    core = getattr(model, "model", None)
+    if core is None or not all(
+        hasattr(core, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")
+    ):
+        return "the model does not have the usual embed_tokens / layers / norm / rotary_emb layout"
+    if not hasattr(model, "lm_head"):
+        return "the model has no lm_head"
+    if getattr(config, "use_sliding_window", False) or (
+        model_type == "mistral" and getattr(config, "sliding_window", None)
+    ):
+        return "sliding-window attention"
+    if any(t != "full_attention" for t in (getattr(config, "layer_types", None) or [])):
+        return "layers other than full attention"
+    rope_type = getattr(core.rotary_emb, "rope_type", "default")
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        return f"rotary embedding type {rope_type!r}"
+    attn = core.layers[0].self_attn
+    if not all(hasattr(attn, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim")):
+        return "attention without q/k/v/o projections"
+    if _rope_function(attn) is None:
+        return "no apply_rotary_pos_emb in the model's module"
+    return None
+
+
+def _rope_function(attn):
+    return getattr(inspect.getmodule(type(attn)), "apply_rotary_pos_emb", None)
+
+
+def _has_active_dropout(model) -> bool:
+    import torch
+
+    return any(isinstance(m, torch.nn.Dropout) and m.p > 0 and m.training for m in model.modules())
+
+
+class _Decoder:
+    """The model's forward over a preallocated KV cache, for a fixed batch of left-padded prompts."""
+
+    def __init__(self, model, batch: int, max_len: int, pad_start, device, dtype):
+        import torch
+
+        core = model.model
+        self.core, self.lm_head, self.layers = core, model.lm_head, list(core.layers)
+        attn = self.layers[0].self_attn
+        config = model.config
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = attn.head_dim
+        self.scaling = getattr(attn, "scaling", self.head_dim**-0.5)
+        self.rope = _rope_function(attn)
+        self.max_len = max_len
+        shape = (batch, self.kv_heads, max_len, self.head_dim)
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in self.layers]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in self.layers]
+        self.pad_start = pad_start.view(batch, 1, 1, 1)  # first real token of each left-padded row
+        self.positions = torch.arange(max_len, device=device)
+
+    def forward(self, ids, positions, slots, mask, kv_len: int):
+        """Logits of the last token of each row, writing the chunk's keys/values at cache `slots`.
+
+        ids, positions: [B, T]; slots: [T] cache indices; mask: [B, 1, T, kv_len] True where a query sees a key.
+        """
+        import torch
+
+        batch, length = ids.shape
+        h = self.core.embed_tokens(ids)
+        cos, sin = self.core.rotary_emb(h, positions)
+        groups = self.heads // self.kv_heads
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = attn.q_proj(x).view(batch, length, -1, self.head_dim)
+            k = attn.k_proj(x).view(batch, length, -1, self.head_dim)
+            v = attn.v_proj(x).view(batch, length, -1, self.head_dim)
+            if hasattr(attn, "q_norm"):  # Qwen3
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            self.keys[i].index_copy_(2, slots, k.to(self.keys[i].dtype))
+            self.values[i].index_copy_(2, slots, v.transpose(1, 2).to(self.values[i].dtype))
+            keys, values = self.keys[i][:, :, :kv_len], self.values[i][:, :, :kv_len]
+            if length > 1:  # prefill: the fused kernel, without a [queries x keys] score tensor per head
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    q,
+                    keys.repeat_interleave(groups, dim=1),
+                    values.repeat_interleave(groups, dim=1),
+                    attn_mask=mask,
+                    scale=self.scaling,
+                )
+            else:
+                # Queries grouped by their key/value head: keys and values are read once per group, never repeated.
+                q = q.reshape(batch, self.kv_heads, groups, self.head_dim)
+                scores = torch.matmul(q, keys.transpose(-1, -2)).float() * self.scaling
+                scores = scores.masked_fill(~mask, float("-inf"))
+                probs = torch.softmax(scores, dim=-1).to(values.dtype)
+                out = torch.matmul(probs, values).view(batch, self.heads, 1, self.head_dim)
+            h = h + attn.o_proj(out.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.lm_head(self.core.norm(h[:, -1:, :]))[:, -1, :]
+
+    def prefill(self, ids, attention_mask):
+        """Run the prompts [B, P] through the model; the last position's logits."""
+
+        length = ids.shape[1]
+        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        q = self.positions[:length].view(1, 1, length, 1)
+        k = self.positions[:length].view(1, 1, 1, length)
+        # A padding query attends to itself only, so no row is fully masked (which would give NaN keys/values).
+        mask = ((k >= self.pad_start) & (k <= q)) | (k == q)
+        return self.forward(ids, positions, self.positions[:length], mask, length)
+
+    def step(self, ids, positions, slot, kv_len: int):
+        """One decode step: ids/positions [B, 1] at cache index `slot` ([1]); attends over the first kv_len slots."""
+        k = self.positions[:kv_len].view(1, 1, 1, kv_len)
+        mask = (k >= self.pad_start) & (k <= slot.view(1, 1, 1, 1))
+        return self.forward(ids, positions, slot, mask, kv_len)
+
+
+class _GraphSteps:
+    """Decode steps replayed from CUDA graphs, one per cache stretch, sharing static inputs and a memory pool."""
+
+    def __init__(self, decoder: _Decoder, ids, positions, slot):
+        import torch
+
+        self.decoder, self.ids, self.positions, self.slot = decoder, ids, positions, slot
+        self.graphs: dict[int, tuple] = {}
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def __call__(self, kv_len: int):
+        import torch
+
+        if kv_len not in self.graphs:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(
+                side
+            ):  # warm-up outside the graph (allocator, cuBLAS handles); rewrites this slot
+                self.decoder.step(self.ids, self.positions, self.slot, kv_len)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                logits = self.decoder.step(self.ids, self.positions, self.slot, kv_len)
+            self.graphs[kv_len] = (graph, logits)
+        graph, logits = self.graphs[kv_len]
+        graph.replay()
+        return logits
+
+
+_GRAPHS_BROKEN: list[str] = []  # set once a graph replay disagreed with the eager step: eager from then on
+
+
+def _processed_logprobs(logits, sampling: Sampling):
+    """float32 log-probabilities after temperature, top-k, top-p and min-p, as transformers' warpers apply them."""
+    import torch
+
+    scores = logits.float()
+    if sampling.temperature and sampling.temperature != 1.0:
+        scores = scores / sampling.temperature
+    if sampling.top_k:
+        kth = torch.topk(scores, min(sampling.top_k, scores.shape[-1]), dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if sampling.top_p is not None and sampling.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=False, dim=-1)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        remove = cumulative <= (1 - sampling.top_p)
+        remove[:, -1] = False  # keep at least the most likely token
+        scores = scores.masked_fill(remove.scatter(1, order, remove), float("-inf"))
+    if sampling.min_p:
+        probs = scores.softmax(dim=-1)
+        floor = sampling.min_p * probs.max(dim=-1, keepdim=True).values
+        scores = scores.masked_fill(probs < floor, float("-inf"))
+    return torch.log_softmax(scores, dim=-1)
+
+
+def sample_completions(
+    model,
+    prompt_ids: list[list[int]],
+    max_new_tokens: int,
+    eos_token_ids: list[int],
+    pad_token_id: int,
+    sampling: Sampling | None = None,
+    cuda_graphs: bool = True,
+) -> tuple[list[list[int]], list[list[float]]]:
+    """Sample one completion per prompt: token ids up to and including the first EOS, and each token's log-prob."""
+    import torch
+
+    sampling = sampling or Sampling()
+    device = model.lm_head.weight.device
+    dtype = model.model.embed_tokens.weight.dtype
+    batch, prompt_len = len(prompt_ids), max(len(ids) for ids in prompt_ids)
+    ids = torch.full((batch, prompt_len), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((batch, prompt_len), dtype=torch.long)
+    for row, tokens in enumerate(prompt_ids):
+        ids[row, prompt_len - len(tokens) :] = torch.tensor(tokens, dtype=torch.long)
+        attention[row, prompt_len - len(tokens) :] = 1
+    ids, attention = ids.to(device), attention.to(device)
+    pad_start = prompt_len - attention.sum(-1)
+    eos = torch.tensor(sorted(set(eos_token_ids)), device=device)
+    max_len = prompt_len + max_new_tokens
+    use_graphs = cuda_graphs and device.type == "cuda" and not _GRAPHS_BROKEN
+
+    with torch.no_grad():
+        decoder = _Decoder(model, batch, max_len, pad_start, device, dtype)
+        tokens = torch.full((batch, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
+        done = torch.zeros(batch, dtype=torch.bool, device=device)
+        step_ids = torch.zeros((batch, 1), dtype=torch.long, device=device)
+        step_positions = (attention.sum(-1, keepdim=True) - 1).clamp(min=0)
+        slot = torch.full((1,), prompt_len - 1, dtype=torch.long, device=device)
+        graphs = _GraphSteps(decoder, step_ids, step_positions, slot) if use_graphs else None
+        checked = not use_graphs or _has_active_dropout(model)
+        logits = decoder.prefill(ids, attention)
+        produced = 0
+        for t in range(max_new_tokens):
+            scores = _processed_logprobs(logits, sampling)
+            token = torch.multinomial(scores.exp(), 1).squeeze(-1)
+            token = torch.where(done, torch.full_like(token, pad_token_id), token)
+            logprobs[:, t] = torch.where(done, 0.0, scores.gather(-1, token.unsqueeze(-1)).squeeze(-1))
+            tokens[:, t] = token
+            done |= torch.isin(token, eos)
+            produced = t + 1
+            if t + 1 == max_new_tokens or ((t + 1) % ALL_DONE_CHECK_EVERY == 0 and bool(done.all())):
+                break
+            step_ids.copy_(token.unsqueeze(-1))
+            step_positions.add_(1)
+            slot.add_(1)
+            kv_len = min(max_len, -(-(prompt_len + t + 1) // KV_STRETCH) * KV_STRETCH)
+            if graphs is None:
+                logits = decoder.step(step_ids, step_positions, slot, kv_len)
+                continue
+            try:
+                replayed = graphs(kv_len)
+            except RuntimeError as err:  # a capture the CUDA driver refuses: decode eagerly from here on
+                _GRAPHS_BROKEN.append(f"graph capture failed: {err}")
+                logger.warning("CUDA graph decoding disabled: %s", _GRAPHS_BROKEN[-1])
+                graphs = None
+                logits = decoder.step(step_ids, step_positions, slot, kv_len)
+                continue
+            if not checked:
+                eager = decoder.step(step_ids, step_positions, slot, kv_len)
+                scale = eager.float().abs().max().clamp(min=1e-6)
+                error = float((replayed.float() - eager.float()).abs().max() / scale)
+                checked = True
+                if error > 1e-2:
+                    _GRAPHS_BROKEN.append(f"graph replay differs from the eager step by {error:.3g}")
+                    logger.warning("CUDA graph decoding disabled: %s", _GRAPHS_BROKEN[-1])
+                    graphs, replayed = None, eager
+            logits = replayed
+        tokens, logprobs = tokens[:, :produced].cpu(), logprobs[:, :produced].cpu()
+
+    is_eos = torch.isin(tokens, eos.cpu())
+    completions, completion_logprobs = [], []
+    for row in range(batch):
+        hits = is_eos[row].nonzero()
+        end = int(hits[0]) + 1 if len(hits) else produced
+        completions.append(tokens[row, :end].tolist())
+        completion_logprobs.append(logprobs[row, :end].tolist())
+    return completions, completion_logprobs
+
+
+def _policy(trainer):
+    """The trainer's model without its distributed and PEFT wrappers (LoRA layers stay in place)."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def trainer_fallback_reason(trainer) -> str | None:
+    """Why this trainer's rollouts must go through TRL's own generation (None when ours can serve them)."""
+    if trainer.use_vllm or getattr(trainer, "use_transformers_continuous_batching", False):
+        return "vLLM or continuous batching generates"
+    if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
+        return "DeepSpeed/FSDP shard the weights"
+    if trainer.tools or getattr(trainer, "environment_factories", None) or getattr(trainer, "_is_vlm", False):
+        return "tools, environments and images need TRL's generation loop"
+    if trainer.args.generation_kwargs:
+        return "generation_kwargs are set"
+    if trainer.repetition_penalty not in (None, 1.0):
+        return "repetition_penalty is set"
+    return unsupported_reason(_policy(trainer))
+
+
+class StaticCacheRollout:
+    """TRL `rollout_func`: completions from `sample_completions`, or from TRL's own generation where it can't serve."""
+
+    def __init__(self):
+        self.reported = False
+
+    def __call__(self, prompts: list, trainer) -> dict:
+        prompt_ids, images, fields = trainer._tokenize_prompts(prompts)
+        reason = trainer_fallback_reason(trainer)
+        if not self.reported:
+            self.reported = True
+            if reason:
+                logger.info("rollouts through TRL's generation: %s", reason)
+        if reason or images is not None or fields:
+            generations = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
+            completion_ids, _ = trainer._generate_single_turn(prompt_ids, images, fields, generations)
+        else:
+            sampling = Sampling(trainer.temperature, trainer.top_k, trainer.top_p, trainer.min_p)
+            completion_ids, _ = sample_completions(
+                _policy(trainer),
+                prompt_ids,
+                trainer.max_completion_length,
+                list(trainer.eos_token_ids),
+                trainer._tokenizer.pad_token_id,
+                sampling,
+            )
+        # No sampling log-probs: TRL would then use them in place of its own (off-policy masks), changing the loss.
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
+
+
+def static_rollout(args, model) -> StaticCacheRollout | None:
+    """The rollout function for a GRPOConfig asking for `cache_implementation: static` (None: TRL's path)."""
+    if getattr(args, "cache_implementation", None) != "static" or args.use_vllm:
+        return None
+    if getattr(args, "use_transformers_continuous_batching", False):
+        return None
+    reason = unsupported_reason(model)
+    if reason:
+        logger.info("rollouts through TRL's generation: %s", reason)
+        return None
+    return StaticCacheRollout()

@@ -1,0 +1,151 @@
+"""The GPU benchmark's plumbing on CPU, and the static-cache rollout it measures, on tiny random models."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo_cli.recipe import load_recipe
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tiny_model(kind: str, **extra):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    config_cls, model_cls = {
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "llama": (LlamaConfig, LlamaForCausalLM),
+    }[kind]
+    config = config_cls(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        **extra,
+    )
+    torch.manual_seed(0)
+    return model_cls(config).eval()
+
+
+def teacher_forced_logprobs(
+    model, prompt: list[int], completion: list[int], temperature: float
+) -> list[float]:
+    """Log-probs of the completion's tokens from one full forward pass of the model (transformers' own code)."""
+    import torch
+
+    with torch.no_grad():
+        logits = (
+            model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float() / temperature
+        )
+    return (
+        torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion).unsqueeze(-1)).squeeze(-1).tolist()
+    )
+
+
+PROMPTS = [
+    [5, 6, 7, 8, 9, 10, 11],
+    [12, 13],
+    [14, 15, 16],
+    [1] * 9,
+]  # unequal lengths: left padding is exercised
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_rollout_log_probs_match_the_models_own_forward(kind, monkeypatch):
+    from grpo_cli.train import rollout
+
+    monkeypatch.setattr(rollout, "KV_STRETCH", 8)  # several cache stretches within 30 tokens
+    model = tiny_model(kind)
+    assert rollout.unsupported_reason(model) is None
+    completions, logprobs = rollout.sample_completions(
+        model, PROMPTS, 30, eos_token_ids=[3], pad_token_id=0, sampling=rollout.Sampling(temperature=0.7)
+    )
+    assert len(completions) == len(PROMPTS)
+    for prompt, completion, logp in zip(PROMPTS, completions, logprobs, strict=True):
+        assert 1 <= len(completion) <= 30 and len(logp) == len(completion)
+        assert 3 not in completion[:-1]  # a completion ends at its first EOS
+        reference = teacher_forced_logprobs(model, prompt, completion, 0.7)
+        assert max(abs(a - b) for a, b in zip(logp, reference, strict=True)) < 1e-4
+
+
+def test_rollout_ends_at_eos_and_top_k_one_is_greedy():
+    import torch
+
+    from grpo_cli.train.rollout import Sampling, sample_completions
+
+    model = tiny_model("qwen2")
+    greedy, _ = sample_completions(
+        model, PROMPTS, 12, eos_token_ids=[3], pad_token_id=0, sampling=Sampling(top_k=1)
+    )
+    for prompt, completion in zip(PROMPTS, greedy, strict=True):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
+        assert completion == logits.argmax(-1).tolist()
+    # With one of row 0's greedy tokens as EOS, every greedy completion stops at its first occurrence, kept.
+    eos = greedy[0][2]
+    ended, _ = sample_completions(
+        model, PROMPTS, 12, eos_token_ids=[eos], pad_token_id=0, sampling=Sampling(top_k=1)
+    )
+    assert ended == [c[: c.index(eos) + 1] if eos in c else c for c in greedy]
+    assert len(ended[0]) <= 3
+
+
+def test_models_the_rollout_does_not_cover_are_named():
+    from grpo_cli.train.rollout import unsupported_reason
+
+    assert "sliding-window" in unsupported_reason(
+        tiny_model("qwen2", use_sliding_window=True, sliding_window=16)
+    )
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50))
+    assert "gpt2" in unsupported_reason(gpt2)
+
+
+def test_static_cache_rollout_is_the_default_and_dynamic_turns_it_off(tmp_path):
+    from grpo_cli.train.rollout import StaticCacheRollout, static_rollout
+
+    model = tiny_model("qwen2")
+    default = load_recipe(None, ["--output_dir", str(tmp_path), "--bf16", "false"], "rl")
+    assert default.values["cache_implementation"] == "static"
+    assert isinstance(static_rollout(default.training_config(), model), StaticCacheRollout)
+    dynamic = load_recipe(
+        None, ["--output_dir", str(tmp_path), "--bf16", "false", "--cache_implementation", "dynamic"], "rl"
+    )
+    assert static_rollout(dynamic.training_config(), model) is None
+
+
+def test_benchmark_runs_baseline_and_grpo_side_by_side_on_cpu(tmp_path, demo_tokenizer_dir):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import grpo_bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    out = tmp_path / "results.json"
+    grpo_bench.main(
+        ["--device", "cpu", "--tiny", "--plan", "tiny:4:trl:240:2,tiny:4:grpo:240:2", "--prompts", "2",
+         "--generations", "2", "--reward-completions", "8", "--tokenizer", str(demo_tokenizer_dir),
+         "--out", str(out), "--work", str(tmp_path / "work")]
+    )  # fmt: skip
+    report = json.loads(out.read_text())
+    assert report["reward_scoring"]["completions"] == 8 and report["reward_scoring"]["dapo_answer_s"] > 0
+    trl, grpo = report["results"]
+    assert (trl["config"], grpo["config"]) == ("trl", "grpo")
+    for result in (trl, grpo):
+        assert result["status"] == "done", result.get("log_tail")
+        assert len(result["steps"]) == 2 and result["summary"]["timed_steps"] == 1
+        step = result["steps"][-1]
+        assert step["completion_tokens"] <= 2 * 2 * 4 and step["calls"][0]["batch"] == 4  # same GRPO work
+        assert 0 < step["generate_s"] < step["step_s"]
+        assert result["summary"]["policy_s"] > 0
+    assert trl["rollout"] == "trl generate" and grpo["rollout"] == "grpo static cache"
+    assert grpo["speedup"] == pytest.approx(trl["summary"]["step_s"] / grpo["summary"]["step_s"])
