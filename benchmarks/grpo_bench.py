@@ -61,6 +61,10 @@ CONFIGS = {
     "grpo-dynamic": ("grpo", {"cache_implementation": "dynamic"}),  # TRL's model.generate through grpo
     "grpo-cb": ("grpo", {"use_transformers_continuous_batching": True, "cache_implementation": None}),
     "grpo-no-gc": ("grpo", {"gradient_checkpointing": False}),
+    "grpo-liger": (
+        "grpo",
+        {"use_liger_kernel": True},
+    ),  # liger's RMSNorm/RoPE/SwiGLU kernels (TRL keeps its LM head)
 }
 
 # (shape, completion length, config, time cap in seconds, optimizer steps), most wanted first; configurations start
@@ -339,21 +343,27 @@ def reward_scoring(count: int) -> dict:
         f"<think>{think}</think> <answer>({i % 7 + 1} + 3) * 4 - 25</answer>" for i in range(count)
     ]
     chats = [[{"role": "assistant", "content": c}] for c in completions]
-    answers = [r"\frac{3}{4}", "0.75", r"\sqrt{2}", "12", r"x^2+1", "3/4", r"\boxed{7}", "1e3"]
-    dapo_texts = [
-        f"<start_working_out>{think}<end_working_out><SOLUTION>{answers[i % len(answers)]}</SOLUTION>"
-        for i in range(count)
-    ]
+    # Every answer distinct and symbolic (no plain numbers, no cache hits): math-verify parses and compares each.
+    guesses = [rf"\frac{{{i}}}{{{i + 2}}}+\sqrt{{{i % 5 + 2}}}" for i in range(count)]
+    dapo_texts = [f"<start_working_out>{think}<end_working_out><SOLUTION>{g}</SOLUTION>" for g in guesses]
     dapo_chats = [[{"role": "assistant", "content": c}] for c in dapo_texts]
-    golds = [answers[(i + 1) % len(answers)] if i % 3 else answers[i % len(answers)] for i in range(count)]
+    golds = [rf"\sqrt{{2}}+\frac{{{i % 8 + 1}}}{{3}}" for i in range(count)]
     timings = {}
     start = time.perf_counter()
     for func in countdown:
         func(prompts=None, completions=chats, nums=[[3, 4, 25]] * count, target=[88] * count)
     timings["countdown_s"] = time.perf_counter() - start
-    for func in dapo:  # first call imports math-verify and its grammar: time it apart
+    for func in dapo:  # a first call imports math-verify and its LaTeX grammar: time it apart
+        warm = [
+            [
+                {
+                    "role": "assistant",
+                    "content": "<start_working_out>x<end_working_out><SOLUTION>x^2+1</SOLUTION>",
+                }
+            ]
+        ]
         start = time.perf_counter()
-        func(prompts=None, completions=dapo_chats[:1], solution=golds[:1])
+        func(prompts=None, completions=warm, solution=[r"\sqrt{3}"])
         timings["dapo_answer_first_call_s"] = time.perf_counter() - start
         start = time.perf_counter()
         func(prompts=None, completions=dapo_chats, solution=golds)
