@@ -33,9 +33,10 @@ check-recipes: install
 demo: install
 	$(BIN)/grpo models prepare smollm2-135m-instruct
 	$(BIN)/grpo sft -c demo/countdown-sft --no-resume --overwrite
-	$(BIN)/grpo rl -c demo/countdown-rl --no-resume --overwrite
+	$(BIN)/grpo rl -c demo/countdown-rl --model_name_or_path $(DEMO)/sft --no-resume --overwrite
 	$(BIN)/grpo merge --adapter $(DEMO)/rl --output $(DEMO)/merged --force
-	$(BIN)/grpo eval -c demo/countdown-rl --model $(DEMO)/sft-merged --model $(DEMO)/merged --output $(DEMO)/eval
+	$(BIN)/grpo eval -c demo/countdown-rl --model smollm2-135m-instruct --model $(DEMO)/sft --model $(DEMO)/merged \
+		--limit 48 --batch-size 16 --output $(DEMO)/eval
 
 clean:
 	rm -rf outputs .pytest_cache

@@ -91,6 +91,11 @@ def is_prepared(path: Path) -> bool:
     return (path / "config.json").is_file() and any((path / f).is_file() for f in _WEIGHT_FILES)
 
 
+def is_local_path(name: str) -> bool:
+    """Clearly a filesystem path (must exist), not a Hub id like "org/name"."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
+
+
 def resolve_model(name_or_path: str) -> str:
     """Short name -> prepared cache folder (preparing it on first use); local folders and Hub ids as they are."""
     if not name_or_path or not str(name_or_path).strip():
@@ -111,8 +116,7 @@ def resolve_model(name_or_path: str) -> str:
     if path.name in DEMO_MODELS and path.parent.name == "models":
         # A demo model's cache folder recorded by a run (adapter_config.json) on another machine or cache.
         return str(prepare_demo_model(path.name))
-    # Anything that is clearly a filesystem path must exist; "org/name" is left to the Hub.
-    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or "\\" in name_or_path:
+    if is_local_path(name_or_path):
         raise UserError(
             f"model folder {name_or_path} does not exist - check the path, or use a short name "
             f"({', '.join(DEMO_MODELS)}) or a Hugging Face Hub id"

@@ -135,14 +135,14 @@ def test_unknown_rewards_weights_and_missing_files(tmp_path):
         check_recipe(recipe)
     text = "\n".join(err.value.problems)
     assert f"{path}:1: `model_name_or_path`: no such file or folder: ./no/such/model" in text
-    assert f"{path}:3: `dataset_name`: no such file or folder: data/missing.jsonl" in text
+    assert f"{path}:3: dataset_name: file or folder 'data/missing.jsonl' not found" in text
     assert "countdown_equasion" in text and "countdown_equation" in text  # did-you-mean
     assert f"{path}:5: 1 `reward_weights` for 2 rewards" in text
 
 
 def test_unknown_task_and_bad_yaml(tmp_path):
     recipe = load_recipe(str(write(tmp_path, "model_name_or_path: m\ntask: sudoku\n")), [], "rl")
-    with pytest.raises(UserError, match="unknown task `sudoku`"):
+    with pytest.raises(UserError, match=r"recipe.yaml:2: unknown task 'sudoku'"):
         check_recipe(recipe)
     bad = write(tmp_path, "model_name_or_path: m\nlearning_rate: [1e-6\n", "bad.yaml")
     with pytest.raises(UserError, match=r"bad.yaml:\d+: not valid YAML"):

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_cli.errors import UserError
 from grpo_cli.recipe.load import Recipe, problem_order
-
-LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".arrow")
-
 
 @dataclass
 class Plan:
@@ -17,10 +15,6 @@ class Plan:
 
     rows: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-
-
-def _looks_local(value: str) -> bool:
-    return value.startswith(("/", "./", "../", "~")) or value.endswith(LOCAL_SUFFIXES)
 
 
 def reward_names(recipe: Recipe) -> list[str]:
@@ -33,20 +27,30 @@ def reward_names(recipe: Recipe) -> list[str]:
 
 
 def _file_problems(recipe: Recipe) -> list[str]:
+    from grpo_cli.models import is_local_path
+
     problems = []
-    for key in ("dataset_name", "model_name_or_path", "chat_template", "deepspeed", "resume_from_checkpoint"):
+    for key in ("model_name_or_path", "deepspeed", "resume_from_checkpoint"):
         value = recipe.values.get(key)
         if not isinstance(value, str) or not value:
             continue
-        if key == "chat_template" and not value.endswith((".jinja", ".j2")):
-            continue  # inline template text
-        if key in ("model_name_or_path", "dataset_name") and not _looks_local(value):
+        if key == "model_name_or_path" and not is_local_path(value):
             continue  # a Hub id or a short model name: checked when loaded
         if key == "resume_from_checkpoint" and value.lower() in ("true", "false"):
             continue
         if not Path(value).expanduser().exists():
             problems.append(f"{recipe.where(key)}: `{key}`: no such file or folder: {value}")
     return problems
+
+
+def _located(recipe: Recipe, problems: list[str]) -> list[str]:
+    """Prefix each problem that starts with a recipe key by where that key was set."""
+    located = []
+    for problem in problems:
+        match = re.search(r"\(key: (\w+)\)", problem) or re.match(r"`?(\w+)", problem)
+        key = match.group(1) if match else ""
+        located.append(f"{recipe.where(key)}: {problem}" if key in recipe.locations else problem)
+    return located
 
 
 def generation_batch(values: dict, num_processes: int) -> int:
@@ -94,6 +98,7 @@ def _batch_formula(values: dict, num_processes: int) -> str:
 
 def _reward_problems(recipe: Recipe) -> list[str]:
     from grpo_cli.rewards import reward_names_problems
+    from grpo_cli.tasks import TASKS
 
     names = reward_names(recipe)
     problems = [f"{recipe.where('reward_funcs')}: {p}" for p in reward_names_problems(names)]
@@ -103,7 +108,7 @@ def _reward_problems(recipe: Recipe) -> list[str]:
             f"{recipe.where('reward_weights')}: {len(weights)} `reward_weights` for {len(names)} rewards "
             f"({', '.join(names)}) - give one weight per reward"
         )
-    if not names:
+    if not names and recipe.task.task in TASKS:
         problems.append(f"{recipe.where('reward_funcs')}: no rewards - list some in `reward_funcs`")
     return problems
 
@@ -112,14 +117,9 @@ def check_recipe(
     recipe: Recipe, num_processes: int = 1, accelerate_config: dict | None = None, problems: list[str] | None = None
 ) -> Plan:
     """Check what a single key can't tell; raise UserError with every problem (and those given), or return the plan."""
-    from grpo_cli.tasks import TASKS
+    from grpo_cli.tasks import task_problems
 
-    problems = list(problems or []) + _file_problems(recipe)
-    task_name = recipe.task.task
-    if task_name not in TASKS:
-        problems.append(
-            f"{recipe.where('task')}: unknown task `{task_name}` - one of {', '.join(sorted(TASKS))}"
-        )
+    problems = list(problems or []) + _file_problems(recipe) + _located(recipe, task_problems(recipe.task))
     if "model_name_or_path" not in recipe.values:
         problems.append(f"{recipe.path or 'recipe'}: `model_name_or_path` is missing - name a model to train")
     if recipe.command == "rl":
@@ -186,4 +186,7 @@ def build_plan(recipe: Recipe, num_processes: int, accelerate_config: dict | Non
     if recipe.tracking.swanlab:
         rows.append(("tracking", f"SwanLab ({recipe.tracking.swanlab_mode}), project {recipe.tracking.swanlab_project}"))
     rows.append(("output", str(v["output_dir"])))
-    return Plan(rows=rows, warnings=recipe.warnings + launch_warnings(v, accelerate_config))
+    from grpo_cli.train.tracking import tracking_problems
+
+    warnings = recipe.warnings + launch_warnings(v, accelerate_config) + tracking_problems(recipe.tracking)
+    return Plan(rows=rows, warnings=warnings)

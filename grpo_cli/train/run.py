@@ -14,7 +14,7 @@ from grpo_cli.models import gpu_problems, load_model, load_tokenizer
 from grpo_cli.recipe import Recipe
 from grpo_cli.train.checkpoints import GracefulStop, resume_point
 from grpo_cli.train.console import RunConsole, quiet_libraries, remove_default_printers
-from grpo_cli.train.tracking import swanlab_callback
+from grpo_cli.train.tracking import swanlab_callback, tracking_problems
 
 
 def render_prompt(tokenizer, messages: list[dict]) -> str:
@@ -59,7 +59,7 @@ class TrainingRun:
             # TRL turns bf16 mixed precision on by default, which a CPU cannot run.
             recipe.values["bf16"] = False
             recipe.locations["bf16"] = "grpo default (no GPU)"
-        problems = gpu_problems(recipe.values, recipe.values)
+        problems = gpu_problems(recipe.values, recipe.values) + tracking_problems(recipe.tracking)
         if problems:
             raise UserError(*problems)
         self.model_args = recipe.model_config()
