@@ -323,8 +323,7 @@ def evaluate_model(
     """Generate and score one model on the rows; returns (its summary, its samples)."""
     from transformers import AutoConfig
 
-    from grpo_cli.models import gpu_problems, resolve_model
-    from grpo_cli.train.run import render_prompt
+    from grpo_cli.models import gpu_problems, render_prompt, resolve_model
 
     model_args = recipe.model_config()
     problems = gpu_problems(model_args)

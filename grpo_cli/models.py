@@ -471,6 +471,19 @@ def load_tokenizer(
     return tokenizer
 
 
+def render_prompt(tokenizer, messages: list[dict]) -> str:
+    """A conversation as the model sees it, ending where the assistant's text starts (after any prefill)."""
+    prefilled = messages[-1]["role"] == "assistant"
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=not prefilled, continue_final_message=prefilled
+    )
+    # Templates that write the BOS token themselves would get a second one when the text is tokenized.
+    bos = tokenizer.bos_token
+    if bos and text.startswith(bos) and tokenizer("x")["input_ids"][:1] == [tokenizer.bos_token_id]:
+        text = text[len(bos):]
+    return text
+
+
 def load_model(name_or_path: str, model_args=None, for_training: bool = False, adapter: str | None = None):
     """Causal LM from a short name, folder or Hub id, with an optional LoRA adapter on top (eval mode unless training)."""
     from transformers import AutoModelForCausalLM

@@ -10,24 +10,11 @@ from pathlib import Path
 from grpo_cli.console import console
 from grpo_cli.errors import UserError
 from grpo_cli.launch import is_main_process
-from grpo_cli.models import gpu_problems, load_model, load_tokenizer
+from grpo_cli.models import gpu_problems, load_model, load_tokenizer, render_prompt
 from grpo_cli.recipe import Recipe
 from grpo_cli.train.checkpoints import GracefulStop, resume_point
 from grpo_cli.train.console import RunConsole, quiet_libraries, remove_default_printers
 from grpo_cli.train.tracking import swanlab_callback, tracking_problems
-
-
-def render_prompt(tokenizer, messages: list[dict]) -> str:
-    """A conversation as the model sees it, ending where the assistant's text starts (after any prefill)."""
-    prefilled = messages[-1]["role"] == "assistant"
-    text = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=not prefilled, continue_final_message=prefilled
-    )
-    # Templates that write the BOS token themselves would get a second one when the text is tokenized.
-    bos = tokenizer.bos_token
-    if bos and text.startswith(bos) and tokenizer("x")["input_ids"][:1] == [tokenizer.bos_token_id]:
-        text = text[len(bos):]
-    return text
 
 
 def _write_atomic(path: Path, text: str) -> None:
