@@ -75,7 +75,8 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
     model = run.load_model()
 
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="You are using 'rollout_func'")  # ours, not an experiment of the user's
+        # The rollout function is grpo's own, not an experiment of the user's: TRL's warning about it is noise.
+        warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
         trainer = RolloutRecorder(
             model=model,
             reward_funcs=rewards,

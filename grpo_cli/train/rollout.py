@@ -21,15 +21,10 @@ logger = logging.getLogger("grpo_cli.train.rollout")
 # Decoder-only families whose layers are: norm -> attention (q/k/v/o projections, rotary, optional q/k norms) ->
 # residual -> norm -> MLP -> residual, with plain scaled dot-product attention over all earlier tokens.
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
-SUPPORTED_ROPE_TYPES = (
-    "default",
-    "linear",
-    "llama3",
-    "yarn",
-)  # computed from positions alone, no data-dependent update
-KV_STRETCH = (
-    256  # tokens of cache per decode graph: a step attends over the stretches in use, not the whole cache
-)
+# Rotary embeddings computed from the positions alone (no update that depends on the data, which a graph can't hold).
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# Tokens of cache per decode graph: a step attends over the stretches in use, not over the whole cache.
+KV_STRETCH = 256
 ALL_DONE_CHECK_EVERY = 32  # decode steps between checks whether every completion has ended (a device sync)
 
 
@@ -98,7 +93,6 @@ class _Decoder:
         self.head_dim = attn.head_dim
         self.scaling = getattr(attn, "scaling", self.head_dim**-0.5)
         self.rope = _rope_function(attn)
-        self.max_len = max_len
         shape = (batch, self.kv_heads, max_len, self.head_dim)
         self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in self.layers]
         self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in self.layers]
@@ -149,7 +143,6 @@ class _Decoder:
 
     def prefill(self, ids, attention_mask):
         """Run the prompts [B, P] through the model; the last position's logits."""
-
         length = ids.shape[1]
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         q = self.positions[:length].view(1, 1, length, 1)
