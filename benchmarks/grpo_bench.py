@@ -185,9 +185,9 @@ def _shared_keys(spec: dict) -> dict:
 
 def _prompts(spec: dict, tokenizer):
     """The Countdown rows grpo trains on, rendered the same way (the plain TRL script reads them as text)."""
+    from grpo_cli.models import render_prompt
     from grpo_cli.recipe.args import TaskArguments
     from grpo_cli.tasks import load_task_dataset
-    from grpo_cli.train.run import render_prompt
 
     task = TaskArguments(task="countdown", dataset_generate=spec["rows"], dataset_seed=0)
     rows = load_task_dataset(task, task.dataset_train_split, seed=spec["seed"])
