@@ -37,7 +37,9 @@ def test_an_exception_fails_only_the_offending_completion_and_is_logged_once(cap
     )  # the offending (empty) completion is shown
 
 
-def test_a_hanging_reward_scores_the_batch_as_failures_and_the_run_goes_on(caplog):
+def test_a_hanging_reward_scores_the_batch_as_failures_and_the_run_goes_on(caplog, monkeypatch):
+    monkeypatch.setattr("grpo_cli.rewards.guard.MIN_BATCH_SECONDS", 0.0)
+
     def hangs(prompts, completions, **kwargs):
         while True:
             pass
@@ -212,3 +214,18 @@ def test_unknown_rewards_and_import_errors_are_user_errors(tmp_path):
     )
     with pytest.raises(UserError, match="importing .* failed .*ModuleNotFoundError"):
         resolve_reward(f"{path}:f")
+
+
+def test_a_batch_gets_at_least_the_minimum_time(monkeypatch):
+    """A first call that imports a slow library must not time out on a batch of one."""
+    import time
+
+    monkeypatch.setattr("grpo_cli.rewards.guard.MIN_BATCH_SECONDS", 0.5)
+
+    def slow_start(prompts, completions, **kwargs):
+        time.sleep(0.2)
+        return [1.0] * len(completions)
+
+    guard = RewardGuard(spec(slow_start), timeout=0.01)
+    assert guard(prompts=[None], completions=["a"]) == [1.0]
+    assert guard.timeouts == 0

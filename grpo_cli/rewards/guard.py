@@ -21,6 +21,8 @@ from grpo_cli.tasks.time_limit import TimeLimitExpired, time_limit
 logger = logging.getLogger("grpo_cli.rewards")
 
 PREVIEW_CHARS = 300
+# A batch always gets at least this long: a reward's first call may import its libraries (math-verify: ~0.5 s).
+MIN_BATCH_SECONDS = 5.0
 
 
 def _preview(prompt: Any, completion: Any) -> str:
@@ -52,7 +54,7 @@ def _slice(value: Any, index: int, n: int) -> Any:
 
 class RewardGuard:
     """A TRL reward callable wrapping one reward: same `__name__`, never raises, bounded by `timeout` seconds per
-    completion (a batch of n completions gets n times that)."""
+    completion (a batch of n completions gets n times that, and at least MIN_BATCH_SECONDS)."""
 
     def __init__(self, spec: RewardSpec, timeout: float | None):
         self.spec = spec
@@ -142,7 +144,7 @@ class RewardGuard:
         self.scored += n
         values: list[float | None] | None = None
         try:
-            with time_limit(self.timeout * max(1, n) if self.timeout else None) as limit:
+            with time_limit(max(MIN_BATCH_SECONDS, self.timeout * n) if self.timeout else None) as limit:
                 try:
                     result = _settle(self.spec.func(prompts=prompts, completions=completions, **kwargs))
                 except Exception:  # noqa: BLE001 - find which completions raise, one by one
