@@ -338,6 +338,21 @@ def launch_warnings(recipe_values: dict, accelerate_config: dict | None) -> list
             "use_peft with DeepSpeed ZeRO-3 and gradient_checkpointing needs reentrant checkpointing (TRL "
             "1.16 forces it) - set `gradient_checkpointing_kwargs: {use_reentrant: true}` in the recipe"
         )
+    # transformers asks DDP to look for unused parameters when the model is a PEFT model, and reentrant
+    # checkpointing then fires each LoRA weight's hook twice: the first backward stops (seen with 2 processes).
+    ddp = str(accelerate_config.get("distributed_type", "")).upper() == "MULTI_GPU"
+    if (
+        ddp
+        and v.get("use_peft")
+        and v.get("gradient_checkpointing", True)
+        and reentrant
+        and v.get("ddp_find_unused_parameters") is not False
+    ):
+        warnings.append(
+            "use_peft with DDP and `use_reentrant: true` stops at the first backward (\"Expected to mark a variable "
+            "ready only once\") - set `ddp_find_unused_parameters: false` in the recipe, or drop `use_reentrant: "
+            "true` (only ZeRO-3 needs it)"
+        )
 
     if stage == 3 and v.get("use_vllm"):
         if v.get("ds3_gather_for_generation", True) is False:
