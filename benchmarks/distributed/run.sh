@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# GRPO under accelerate + DeepSpeed: one-process ZeRO-3 (LoRA, full) with save, resume and merge, then two
+# processes with ddp.yaml and zero3.yaml; every launch is checked and added to $OUT/results.json as it ends.
+#
+#   benchmarks/distributed/run.sh                  # on a 2-GPU machine, from the repository root
+#   BENCH_CPU=1 benchmarks/distributed/run.sh      # the same sequence on CPU processes with a tiny model
+#
+# Needs .whl-h4/ (wheels, and assets/tok: the tokenizer). Writes to $OUT: results.json, logs.tar.gz (every
+# launch's combined log, rollouts and train_summary), bench.log, env.txt. Large run folders go to $BENCH_WORK.
+set -u -o pipefail
+B=benchmarks/distributed
+CPU=${BENCH_CPU:-0}
+OUT=${OUT:-/tmp/bench-out}
+BUDGET=${BENCH_BUDGET_S:-330}       # seconds for everything; a launch that cannot start in time is skipped
+RUN_CAP=${BENCH_RUN_CAP_S:-120}     # seconds for one launch
+MIN_START=${BENCH_MIN_START_S:-50}  # no launch starts with less than this left
+DEADLINE=$((SECONDS + BUDGET))
+RESULTS=$OUT/results.json
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/bench.log") 2>&1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+
+if [ "$CPU" = 1 ]; then
+  SHAPE=tiny
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1
+else
+  SHAPE=1.5b
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl-h4/*.whl || { echo "pip install failed"; exit 1; }
+  export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH
+fi
+
+# Run folders hold checkpoints of tens of GB: put them where there is most room.
+if [ -z "${BENCH_WORK:-}" ]; then
+  best=/tmp
+  for d in /tmp "$PWD" /root; do
+    [ -d "$d" ] && [ "$(df -Pk "$d" | awk 'NR==2{print $4}')" -gt "$(df -Pk "$best" | awk 'NR==2{print $4}')" ] && best=$d
+  done
+  BENCH_WORK=$best/grpo-bench
+fi
+W=$BENCH_WORK
+rm -rf "$W" && mkdir -p "$W/logs" "$W/status"
+{
+  date -u; echo "work: $W"; df -h "$W" | tail -1; nproc --all
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader 2>&1
+  python3 -c 'import torch, transformers, trl, peft, accelerate, datasets; import importlib
+print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())
+for m in (transformers, trl, peft, accelerate, datasets): print(m.__name__, m.__version__)
+try:
+    import deepspeed; print("deepspeed", deepspeed.__version__)
+except Exception as e: print("deepspeed import failed:", e)'
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+t0=$SECONDS
+python3 $B/make_model.py .whl-h4/assets/tok "$W/model" --shape $SHAPE 2>&1 | grep -v Warning | tail -2
+echo "model built in $((SECONDS - t0))s"
+MODEL=$W/model
+
+pack() {  # the logs, rollouts and summaries so far, into one file under $OUT
+  tar -czf "$OUT/.logs.tar.gz.tmp" -C "$W" logs && mv "$OUT/.logs.tar.gz.tmp" "$OUT/logs.tar.gz"
+}
+
+left() { echo $((DEADLINE - SECONDS)); }
+
+# train NAME NPROC LAUNCHER KIND STEPS GPUS PORT [extra recipe overrides]: one `accelerate launch`, rc and time
+# written to $W/status/NAME. The output folder is the NAME without -resume, so a -resume launch continues it.
+train() {
+  local name=$1 nproc=$2 launcher=$3 kind=$4 steps=$5 gpus=$6 port=$7
+  shift 7
+  local out=$W/${name%-resume} cap
+  cap=$(left); ((cap > RUN_CAP)) && cap=$RUN_CAP
+  local peft=()
+  [ "$kind" = lora ] && peft=(--use_peft true --lora_r 16 --lora_alpha 32 --lora_target_modules all-linear)
+  local acc=(--config_file configs/accelerate/$launcher.yaml --num_processes "$nproc" --main_process_port "$port")
+  local cpu=()
+  local launcher_cmd=(python3 -m accelerate.commands.launch "${acc[@]}")
+  if [ "$CPU" = 1 ]; then
+    # `accelerate launch --cpu --num_processes 2` starts ONE process (several CPU processes need mpirun), so
+    # the CPU check starts its processes with torchrun: gloo, one process per rank, like the GPU launch.
+    launcher_cmd=(python3 -m torch.distributed.run --nproc_per_node "$nproc" --master_port "$port")
+    cpu=(--bf16 false --use_cpu true)  # without use_cpu each torchrun process trains alone (world size 1)
+  fi
+  local cmd=("${launcher_cmd[@]}" -m grpo_cli rl -c $B/rl.yaml
+             --model_name_or_path "$MODEL" --output_dir "$out" --max_steps "$steps" "${peft[@]}" "${cpu[@]}" "$@")
+  echo "[$(date -u +%T)] START $name (cap ${cap}s, CUDA_VISIBLE_DEVICES=$gpus): ${cmd[*]}"
+  local start=$SECONDS rc
+  CUDA_VISIBLE_DEVICES=$gpus timeout -k 20 "$cap" "${cmd[@]}" > "$W/logs/$name.log" 2>&1
+  rc=$?
+  echo "$rc $((SECONDS - start))" > "$W/status/$name"
+  echo "[$(date -u +%T)] END $name rc=$rc $((SECONDS - start))s"
+}
+
+# record NAME NPROC LAUNCHER KIND STEPS: check a finished launch, add it to results.json, pack the logs.
+record() {
+  local name=$1 nproc=$2 launcher=$3 kind=$4 steps=$5 out=$W/${1%-resume} phase=first rc secs
+  [[ $name == *-resume ]] && phase=resume
+  read -r rc secs < "$W/status/$name"
+  for f in rollouts.jsonl train_summary.json; do
+    [ -f "$out/$f" ] && cp "$out/$f" "$W/logs/$name.$f"
+  done
+  python3 $B/collect.py launch "$RESULTS" "$name" --phase $phase --out "$out" --log "$W/logs/$name.log" \
+    --rc "$rc" --seconds "$secs" --nproc "$nproc" --launcher "$launcher" --kind "$kind" --init "$MODEL" \
+    --steps "$steps" 2>&1 | tail -3
+  pack
+}
+
+# one NAME NPROC LAUNCHER KIND STEPS GPUS PORT [overrides]: train and record, or skip when time is short.
+one() {
+  if [ "$CPU" != 1 ] && [ "$2" -gt "$GPUS" ]; then
+    python3 $B/collect.py skip "$RESULTS" "$1" --why "needs $2 GPUs, this machine has $GPUS"
+    return
+  fi
+  if (($(left) < MIN_START)); then
+    python3 $B/collect.py skip "$RESULTS" "$1" --why "not started: $(left)s of the ${BUDGET}s budget left"
+    return
+  fi
+  train "$@"
+  record "$1" "$2" "$3" "$4" "$5"
+}
+
+# pair STEPS: the one-process ZeRO-3 LoRA and full runs side by side, one on each GPU.
+pair() {
+  local steps=$1 suffix=${2:-}
+  if (($(left) < MIN_START)); then
+    for kind in lora full; do
+      python3 $B/collect.py skip "$RESULTS" "1gpu-zero3-$kind$suffix" --why "not started: $(left)s left"
+    done
+    return
+  fi
+  if [ "$GPUS" -ge 2 ]; then
+    train "1gpu-zero3-lora$suffix" 1 zero3 lora "$steps" 0 29510 &
+    local a=$!
+    train "1gpu-zero3-full$suffix" 1 zero3 full "$steps" 1 29520 &
+    wait $a $!  # a bare `wait` would also wait for the tee behind `exec`
+  else  # one GPU (or the CPU check): one after the other
+    train "1gpu-zero3-lora$suffix" 1 zero3 lora "$steps" 0 29510
+    train "1gpu-zero3-full$suffix" 1 zero3 full "$steps" 0 29520
+  fi
+  record "1gpu-zero3-lora$suffix" 1 zero3 lora "$steps"
+  record "1gpu-zero3-full$suffix" 1 zero3 full "$steps"
+}
+
+# merge NAME ADAPTER_RUN: `grpo merge` on the CPU (6 threads) in the background, next to the GPU runs.
+merge() {
+  local name=$1 adapter=$2
+  (
+    local start=$SECONDS rc cap
+    cap=$(left); ((cap > RUN_CAP)) && cap=$RUN_CAP; ((cap < 10)) && cap=10
+    if [ ! -f "$adapter/adapter_model.safetensors" ]; then
+      echo "no adapter in $adapter" > "$W/logs/$name.log"; rc=1
+    else
+      CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=6 timeout -k 10 "$cap" python3 -m grpo_cli merge \
+        --adapter "$adapter" --base "$MODEL" --output "$W/$name" --force > "$W/logs/$name.log" 2>&1
+      rc=$?
+    fi
+    echo "$rc $((SECONDS - start))" > "$W/status/$name"
+    echo "[$(date -u +%T)] END $name rc=$rc $((SECONDS - start))s"
+  ) &
+  MERGES[$name]=$!
+}
+
+declare -A MERGES
+record_merge() {
+  local name=$1 rc secs
+  [ -n "${MERGES[$name]:-}" ] && wait "${MERGES[$name]}"
+  read -r rc secs < "$W/status/$name" || { rc=1; secs=0; }
+  [ -f "$W/$name/merge.json" ] && cp "$W/$name/merge.json" "$W/logs/$name.merge.json"
+  python3 $B/collect.py merge "$RESULTS" "$name" --log "$W/logs/$name.log" --merged "$W/$name" --rc "$rc" \
+    --seconds "$secs" 2>&1 | tail -2
+  pack
+}
+
+drop_checkpoints() {  # free the disk: a full fine-tuning run's checkpoints are tens of GB
+  rm -rf "$W/$1"/checkpoint-* "$W/$1"/*.safetensors
+}
+
+GPUS=0
+[ "$CPU" = 1 ] || GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+G2=0,1
+[ "$CPU" = 1 ] && G2=0
+echo "GPUs: $GPUS"
+
+# 1. one process, ZeRO-3: LoRA and full fine-tuning side by side; 2 steps, then resume to 3; merge the LoRA.
+pair 2
+pair 3 -resume
+merge 1gpu-zero3-lora-merge "$W/1gpu-zero3-lora"
+drop_checkpoints 1gpu-zero3-full
+# 2. two processes, ZeRO-3 full fine-tuning: 2 steps, resume to 3 (the CPU merge above may still be running).
+one 2gpu-zero3-full 2 zero3 full 2 $G2 29530
+one 2gpu-zero3-full-resume 2 zero3 full 3 $G2 29530
+drop_checkpoints 2gpu-zero3-full
+record_merge 1gpu-zero3-lora-merge
+# 3. two processes, ZeRO-3 LoRA: 2 steps; its merge runs on the CPU during the DDP runs.
+one 2gpu-zero3-lora 2 zero3 lora 2 $G2 29540
+merge 2gpu-zero3-lora-merge "$W/2gpu-zero3-lora"
+# 4. two processes, DDP: LoRA and full fine-tuning, 3 steps in one launch (saved once, at the end).
+one 2gpu-ddp-lora 2 ddp lora 3 $G2 29550 --save_steps 3
+one 2gpu-ddp-full 2 ddp full 3 $G2 29560 --save_steps 3
+drop_checkpoints 2gpu-ddp-full
+record_merge 2gpu-zero3-lora-merge
+# 5. ZeRO-3 LoRA resumed on two processes, if time is left.
+one 2gpu-zero3-lora-resume 2 zero3 lora 3 $G2 29540
+
+python3 $B/collect.py table "$RESULTS"
+pack
+echo "done in ${SECONDS}s"
