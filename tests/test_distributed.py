@@ -16,9 +16,12 @@ pytestmark = pytest.mark.slow
 
 def test_two_processes_train_like_one(tmp_path, tiny_model_dir):
     path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nlora_r: 4\n")
+    # accelerate 1.15 runs `--cpu --num_processes 2` as ONE process (its simple launcher); `--multi_gpu` starts two
+    # through torchrun, and `--use_cpu true` makes them a gloo (MULTI_CPU) group.
     cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "grpo_cli", "rl", "-c", str(path),
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+        "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "grpo_cli", "rl", "-c", str(path),
+        "--use_cpu", "true",
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
@@ -31,5 +34,7 @@ def test_two_processes_train_like_one(tmp_path, tiny_model_dir):
     rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     assert len(rollouts) == 2 * 8
     assert sorted({r["step"] for r in rollouts}) == [0, 1]
-    assert state(out / "checkpoint-2")["global_step"] == 2
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["num_processes"] == 2
+    assert state(out / "checkpoint-2")["global_step"] == 2  # the same final step count as one process
     assert (out / "adapter_model.safetensors").is_file()
