@@ -68,7 +68,7 @@ def tensor_headers(folder: Path) -> dict[str, tuple[list[int], str]]:
     found = {}
     for file in sorted(folder.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                 piece = f.get_slice(name)
                 found[name] = (list(piece.get_shape()), piece.get_dtype())
     return found
@@ -96,11 +96,11 @@ def full_weights(folder: Path, init: Path, compare: bool) -> dict:
         opened = {}
         for file in sorted(init.glob("*.safetensors")):
             with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                     opened[name] = f.get_tensor(name)
         for file in sorted(folder.glob("*.safetensors")):
             with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                     if name in opened and not torch.equal(opened[name], f.get_tensor(name)):
                         changed += 1
         report["changed_vs_init"] = f"{changed}/{len(start)}"
@@ -218,22 +218,21 @@ def table(args) -> None:
     rows = []
     for kind in ("lora", "full"):
         base = runs.get(f"1gpu-zero3-{kind}")
-        for launcher in ("zero3", "ddp"):
-            for name in (f"1gpu-zero3-{kind}", f"2gpu-{launcher}-{kind}"):
-                entry = runs.get(name)
-                if not entry or entry.get("phase") == "skipped" or name in {r["run"] for r in rows}:
-                    continue
-                t = warm_step_time(entry)
-                t1 = warm_step_time(base) if base else None
-                nproc = entry.get("nproc", 1)
-                rows.append({
-                    "run": name, "kind": kind, "launcher": entry.get("launcher"), "processes": nproc,
-                    "step_time_s": entry.get("step_time_s"), "warm_step_time_s": t,
-                    "completions_per_s": round(PER_DEVICE_BATCH * nproc / t, 2) if t else None,
-                    "peak_gpu_memory_gib": entry.get("peak_gpu_memory_gib"),
-                    "scaling_efficiency": round(t1 / t, 3) if (t and t1 and nproc == 2) else None,
-                    "checks_ok": entry.get("ok"),
-                })
+        for name in (f"1gpu-zero3-{kind}", f"1gpu-plain-{kind}", f"2gpu-zero3-{kind}", f"2gpu-ddp-{kind}"):
+            entry = runs.get(name)
+            if not entry or entry.get("phase") == "skipped":
+                continue
+            t = warm_step_time(entry)
+            t1 = warm_step_time(base) if base else None
+            nproc = entry.get("nproc", 1)
+            rows.append({
+                "run": name, "kind": kind, "launcher": entry.get("launcher"), "processes": nproc,
+                "step_time_s": entry.get("step_time_s"), "warm_step_time_s": t,
+                "completions_per_s": round(PER_DEVICE_BATCH * nproc / t, 2) if t else None,
+                "peak_gpu_memory_gib": entry.get("peak_gpu_memory_gib"),
+                "scaling_efficiency": round(t1 / t, 3) if (t and t1 and nproc == 2) else None,
+                "checks_ok": entry.get("ok"),
+            })
     data["table"] = rows
     lines = [
         "| run | processes | step 1 / 2 / 3 (s) | warm step (s) | completions/s | peak GiB per GPU | scaling eff. | checks |",

@@ -202,6 +202,10 @@ drop_checkpoints 2gpu-ddp-full
 record_merge 2gpu-zero3-lora-merge
 # 5. ZeRO-3 LoRA resumed on two processes, if time is left.
 one 2gpu-zero3-lora-resume 2 zero3 lora 3 $G2 29540
+# 6. if time is left: one GPU without DeepSpeed (single_gpu.yaml), the reference for ZeRO-3's own cost.
+one 1gpu-plain-lora 1 single_gpu lora 3 0 29570 --save_steps 3
+one 1gpu-plain-full 1 single_gpu full 3 0 29580 --save_steps 3
+drop_checkpoints 1gpu-plain-full
 
 python3 $B/collect.py table "$RESULTS"
 pack
