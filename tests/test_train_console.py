@@ -172,6 +172,8 @@ def restore_logging(monkeypatch):
     }
     verbosity = (transformers_logging.get_verbosity(), datasets.utils.logging.get_verbosity())
     bars = (transformers_logging.is_progress_bar_enabled(), datasets.is_progress_bar_enabled())
+    hub_bars = not hub.are_progress_bars_disabled()
+    hub.enable_progress_bars()  # earlier tests in this process may have switched them off
     yield
     for name, (level, filters) in saved.items():
         logging.getLogger(name).setLevel(level)
@@ -183,6 +185,8 @@ def restore_logging(monkeypatch):
     if bars[1]:
         datasets.enable_progress_bars()
     assert not hub.are_progress_bars_disabled()
+    if not hub_bars:
+        hub.disable_progress_bars()
 
 
 def test_quiet_libraries_filters_noise_and_keeps_errors(restore_logging, monkeypatch):
