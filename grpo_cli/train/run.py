@@ -42,10 +42,14 @@ class TrainingRun:
         self.recipe = recipe
         import torch
 
-        if not torch.cuda.is_available() and "bf16" not in recipe.values:
-            # TRL turns bf16 mixed precision on by default, which a CPU cannot run.
-            recipe.values["bf16"] = False
-            recipe.locations["bf16"] = "grpo default (no GPU)"
+        if not torch.cuda.is_available():
+            if "bf16" not in recipe.values:
+                # TRL turns bf16 mixed precision on by default, which a CPU cannot run.
+                recipe.values["bf16"] = False
+                recipe.locations["bf16"] = "grpo default (no GPU)"
+            if recipe.locations.get("cache_implementation") == "grpo default":
+                # Our static-cache rollouts are a GPU lever; on the CPU, generate's own dynamic cache is faster.
+                del recipe.values["cache_implementation"], recipe.locations["cache_implementation"]
         problems = gpu_problems(recipe.values, recipe.values) + tracking_problems(recipe.tracking)
         if problems:
             raise UserError(*problems)
