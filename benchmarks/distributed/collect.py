@@ -199,6 +199,9 @@ def update(results: str, name: str, entry: dict) -> None:
     data = load(path)
     data["runs"][name] = entry
     save(path, data)
+    if entry["phase"] == "skipped":
+        print(f"RESULT {name}: skipped ({entry['why']})")
+        return
     checks = entry.get("checks", {})
     failed = [k for k, v in checks.items() if not v]
     print(f"RESULT {name}: ok={entry['ok']} rc={entry.get('rc')} {entry.get('seconds', '-')}s "

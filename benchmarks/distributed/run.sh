@@ -12,8 +12,8 @@ B=benchmarks/distributed
 CPU=${BENCH_CPU:-0}
 OUT=${OUT:-/tmp/bench-out}
 BUDGET=${BENCH_BUDGET_S:-330}       # seconds for everything; a launch that cannot start in time is skipped
-RUN_CAP=${BENCH_RUN_CAP_S:-120}     # seconds for one launch
-MIN_START=${BENCH_MIN_START_S:-50}  # no launch starts with less than this left
+RUN_CAP=${BENCH_RUN_CAP_S:-150}     # seconds for one launch (a 1.5B full fine-tuning launch took 88 s)
+MIN_START=${BENCH_MIN_START_S:-70}  # no launch starts with less than this left
 DEADLINE=$((SECONDS + BUDGET))
 RESULTS=$OUT/results.json
 mkdir -p "$OUT"
@@ -108,7 +108,7 @@ record() {
 
 # one NAME NPROC LAUNCHER KIND STEPS GPUS PORT [overrides]: train and record, or skip when time is short.
 one() {
-  if [ "$CPU" != 1 ] && [ "$2" -gt "$GPUS" ]; then
+  if [ "$2" -gt "$GPUS" ]; then
     python3 $B/collect.py skip "$RESULTS" "$1" --why "needs $2 GPUs, this machine has $GPUS"
     return
   fi
@@ -134,27 +134,31 @@ pair() {
     local a=$!
     train "1gpu-zero3-full$suffix" 1 zero3 full "$steps" 1 29520 &
     wait $a $!  # a bare `wait` would also wait for the tee behind `exec`
-  else  # one GPU (or the CPU check): one after the other
-    train "1gpu-zero3-lora$suffix" 1 zero3 lora "$steps" 0 29510
-    train "1gpu-zero3-full$suffix" 1 zero3 full "$steps" 0 29520
+    record "1gpu-zero3-lora$suffix" 1 zero3 lora "$steps"
+    record "1gpu-zero3-full$suffix" 1 zero3 full "$steps"
+  else  # one GPU (or the CPU check): one after the other, each only if there is time for it
+    one "1gpu-zero3-lora$suffix" 1 zero3 lora "$steps" 0 29510
+    one "1gpu-zero3-full$suffix" 1 zero3 full "$steps" 0 29520
   fi
-  record "1gpu-zero3-lora$suffix" 1 zero3 lora "$steps"
-  record "1gpu-zero3-full$suffix" 1 zero3 full "$steps"
 }
 
 # merge NAME ADAPTER_RUN: `grpo merge` on the CPU (6 threads) in the background, next to the GPU runs.
 merge() {
   local name=$1 adapter=$2
+  if [ ! -f "$adapter/adapter_model.safetensors" ]; then
+    python3 $B/collect.py skip "$RESULTS" "$name" --why "no adapter in $adapter: its training did not run"
+    return
+  fi
+  if (($(left) < MIN_START)); then
+    python3 $B/collect.py skip "$RESULTS" "$name" --why "not started: $(left)s of the ${BUDGET}s budget left"
+    return
+  fi
   (
     local start=$SECONDS rc cap
-    cap=$(left); ((cap > RUN_CAP)) && cap=$RUN_CAP; ((cap < 10)) && cap=10
-    if [ ! -f "$adapter/adapter_model.safetensors" ]; then
-      echo "no adapter in $adapter" > "$W/logs/$name.log"; rc=1
-    else
-      CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=6 timeout -k 10 "$cap" python3 -m grpo_cli merge \
-        --adapter "$adapter" --base "$MODEL" --output "$W/$name" --force > "$W/logs/$name.log" 2>&1
-      rc=$?
-    fi
+    cap=$(left); ((cap > RUN_CAP)) && cap=$RUN_CAP
+    CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=6 timeout -k 10 "$cap" python3 -m grpo_cli merge \
+      --adapter "$adapter" --base "$MODEL" --output "$W/$name" --force > "$W/logs/$name.log" 2>&1
+    rc=$?
     echo "$rc $((SECONDS - start))" > "$W/status/$name"
     echo "[$(date -u +%T)] END $name rc=$rc $((SECONDS - start))s"
   ) &
@@ -164,7 +168,8 @@ merge() {
 declare -A MERGES
 record_merge() {
   local name=$1 rc secs
-  [ -n "${MERGES[$name]:-}" ] && wait "${MERGES[$name]}"
+  [ -n "${MERGES[$name]:-}" ] || return 0  # skipped
+  wait "${MERGES[$name]}"
   read -r rc secs < "$W/status/$name" || { rc=1; secs=0; }
   [ -f "$W/$name/merge.json" ] && cp "$W/$name/merge.json" "$W/logs/$name.merge.json"
   python3 $B/collect.py merge "$RESULTS" "$name" --log "$W/logs/$name.log" --merged "$W/$name" --rc "$rc" \
@@ -172,12 +177,14 @@ record_merge() {
   pack
 }
 
-drop_checkpoints() {  # free the disk: a full fine-tuning run's checkpoints are tens of GB
-  rm -rf "$W/$1"/checkpoint-* "$W/$1"/*.safetensors
+drop_checkpoints() {  # free the disk once a full fine-tuning run is done: its checkpoints are tens of GB
+  local rc
+  read -r rc _ < "$W/status/$2" 2>/dev/null || rc=skipped
+  [ "$rc" = 0 ] && rm -rf "$W/$1"/checkpoint-* "$W/$1"/*.safetensors
 }
 
-GPUS=0
-[ "$CPU" = 1 ] || GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+# GPUs to plan for; the CPU check pretends to have 2 (BENCH_GPUS=1 checks the one-GPU path).
+if [ "$CPU" = 1 ]; then GPUS=${BENCH_GPUS:-2}; else GPUS=${BENCH_GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')}; fi
 G2=0,1
 [ "$CPU" = 1 ] && G2=0
 echo "GPUs: $GPUS"
@@ -186,11 +193,11 @@ echo "GPUs: $GPUS"
 pair 2
 pair 3 -resume
 merge 1gpu-zero3-lora-merge "$W/1gpu-zero3-lora"
-drop_checkpoints 1gpu-zero3-full
+drop_checkpoints 1gpu-zero3-full 1gpu-zero3-full-resume
 # 2. two processes, ZeRO-3 full fine-tuning: 2 steps, resume to 3 (the CPU merge above may still be running).
 one 2gpu-zero3-full 2 zero3 full 2 $G2 29530
 one 2gpu-zero3-full-resume 2 zero3 full 3 $G2 29530
-drop_checkpoints 2gpu-zero3-full
+drop_checkpoints 2gpu-zero3-full 2gpu-zero3-full-resume
 record_merge 1gpu-zero3-lora-merge
 # 3. two processes, ZeRO-3 LoRA: 2 steps; its merge runs on the CPU during the DDP runs.
 one 2gpu-zero3-lora 2 zero3 lora 2 $G2 29540
@@ -198,14 +205,14 @@ merge 2gpu-zero3-lora-merge "$W/2gpu-zero3-lora"
 # 4. two processes, DDP: LoRA and full fine-tuning, 3 steps in one launch (saved once, at the end).
 one 2gpu-ddp-lora 2 ddp lora 3 $G2 29550 --save_steps 3
 one 2gpu-ddp-full 2 ddp full 3 $G2 29560 --save_steps 3
-drop_checkpoints 2gpu-ddp-full
+drop_checkpoints 2gpu-ddp-full 2gpu-ddp-full
 record_merge 2gpu-zero3-lora-merge
 # 5. ZeRO-3 LoRA resumed on two processes, if time is left.
 one 2gpu-zero3-lora-resume 2 zero3 lora 3 $G2 29540
 # 6. if time is left: one GPU without DeepSpeed (single_gpu.yaml), the reference for ZeRO-3's own cost.
 one 1gpu-plain-lora 1 single_gpu lora 3 0 29570 --save_steps 3
 one 1gpu-plain-full 1 single_gpu full 3 0 29580 --save_steps 3
-drop_checkpoints 1gpu-plain-full
+drop_checkpoints 1gpu-plain-full 1gpu-plain-full
 
 python3 $B/collect.py table "$RESULTS"
 pack
