@@ -17,11 +17,10 @@ pytestmark = pytest.mark.slow
 def test_two_processes_train_like_one(tmp_path, tiny_model_dir):
     path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nlora_r: 4\n")
     # accelerate 1.15 runs `--cpu --num_processes 2` as ONE process (its simple launcher); `--multi_gpu` starts two
-    # through torchrun, and `--use_cpu true` makes them a gloo (MULTI_CPU) group.
+    # through torchrun, and with no GPU grpo makes them one gloo (MULTI_CPU) group (`use_cpu`).
     cmd = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
         "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "grpo_cli", "rl", "-c", str(path),
-        "--use_cpu", "true",
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)

@@ -359,6 +359,15 @@ def test_peft_zero3_gradient_checkpointing_needs_reentrant():
     assert launch_warnings(LORA, None) == []
 
 
+def test_peft_ddp_reentrant_checkpointing_needs_find_unused_parameters_off():
+    ddp = {"distributed_type": "MULTI_GPU", "num_processes": 2}
+    reentrant = {**LORA, "gradient_checkpointing_kwargs": {"use_reentrant": True}}
+    [warning] = launch_warnings(reentrant, ddp)
+    assert "ddp_find_unused_parameters: false" in warning
+    assert launch_warnings({**reentrant, "ddp_find_unused_parameters": False}, ddp) == []
+    assert launch_warnings(LORA, ddp) == []  # TRL's default (non-reentrant) checkpointing is fine
+
+
 def test_countdown_recipe_on_the_shipped_configs():
     """The resolved countdown recipe (TRL defaults filled in) is clean everywhere; LoRA on ZeRO-3 warns."""
     from grpo_cli.recipe import load_recipe

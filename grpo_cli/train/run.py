@@ -47,6 +47,10 @@ class TrainingRun:
                 # TRL turns bf16 mixed precision on by default, which a CPU cannot run.
                 recipe.values["bf16"] = False
                 recipe.locations["bf16"] = "grpo default (no GPU)"
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "use_cpu" not in recipe.values:
+                # Several CPU processes (torchrun, accelerate): without use_cpu each would train alone.
+                recipe.values["use_cpu"] = True
+                recipe.locations["use_cpu"] = "grpo default (no GPU, several processes)"
             if recipe.locations.get("cache_implementation") == "grpo default":
                 # Our static-cache rollouts are a GPU lever; on the CPU, generate's own dynamic cache is faster.
                 del recipe.values["cache_implementation"], recipe.locations["cache_implementation"]
