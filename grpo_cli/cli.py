@@ -90,12 +90,18 @@ def recipes_keys(
 
 # --- training ----------------------------------------------------------------------------------------------------
 
-NUM_PROCESSES = typer.Option(
-    "--num-processes", help="Run on N processes (GPUs): grpo re-launches itself through `accelerate launch`."
-)
-ACCELERATE_CONFIG = typer.Option(
-    "--accelerate-config", help="accelerate config (a file, or a name from configs/accelerate such as zero3)."
-)
+# The options `grpo rl` and `grpo sft` share.
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Check the recipe and print the plan; train nothing.")]
+Resume = Annotated[bool, typer.Option("--resume/--no-resume", help="Continue from the output folder's latest checkpoint.")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="With --no-resume: delete the output folder's old checkpoints.")]
+NumProcesses = Annotated[
+    int | None,
+    typer.Option("--num-processes", help="Run on N processes (GPUs): grpo re-launches itself through `accelerate launch`."),
+]
+AccelerateConfig = Annotated[
+    str | None,
+    typer.Option("--accelerate-config", help="accelerate config (a file, or a name from configs/accelerate such as zero3)."),
+]
 
 
 def _train(
@@ -133,15 +139,11 @@ def _train(
 def rl(
     ctx: typer.Context,
     config: Annotated[str, RECIPE_OPTION],
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the recipe and print the plan; train nothing.")] = False,
-    resume: Annotated[
-        bool, typer.Option("--resume/--no-resume", help="Continue from the output folder's latest checkpoint.")
-    ] = True,
-    overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="With --no-resume: delete the output folder's old checkpoints.")
-    ] = False,
-    num_processes: Annotated[int | None, NUM_PROCESSES] = None,
-    accelerate_config: Annotated[str | None, ACCELERATE_CONFIG] = None,
+    dry_run: DryRun = False,
+    resume: Resume = True,
+    overwrite: Overwrite = False,
+    num_processes: NumProcesses = None,
+    accelerate_config: AccelerateConfig = None,
 ) -> None:
     """Train with GRPO: the recipe's task builds prompts, its rewards score completions, TRL's GRPOTrainer learns.
 
@@ -154,15 +156,11 @@ def rl(
 def sft(
     ctx: typer.Context,
     config: Annotated[str, RECIPE_OPTION],
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the recipe and print the plan; train nothing.")] = False,
-    resume: Annotated[
-        bool, typer.Option("--resume/--no-resume", help="Continue from the output folder's latest checkpoint.")
-    ] = True,
-    overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="With --no-resume: delete the output folder's old checkpoints.")
-    ] = False,
-    num_processes: Annotated[int | None, NUM_PROCESSES] = None,
-    accelerate_config: Annotated[str | None, ACCELERATE_CONFIG] = None,
+    dry_run: DryRun = False,
+    resume: Resume = True,
+    overwrite: Overwrite = False,
+    num_processes: NumProcesses = None,
+    accelerate_config: AccelerateConfig = None,
 ) -> None:
     """Supervised cold start: teach the task's output format from reference solutions (TRL's SFTTrainer).
 
