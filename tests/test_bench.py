@@ -129,6 +129,8 @@ def test_static_cache_rollout_is_the_default_and_dynamic_turns_it_off(tmp_path):
 
 
 def test_benchmark_runs_baseline_and_grpo_side_by_side_on_cpu(tmp_path, demo_tokenizer_dir):
+    import torch
+
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import grpo_bench
@@ -152,5 +154,7 @@ def test_benchmark_runs_baseline_and_grpo_side_by_side_on_cpu(tmp_path, demo_tok
         assert step["completion_tokens"] <= 2 * 2 * 4 and step["calls"][0]["batch"] == 4  # same GRPO work
         assert 0 < step["generate_s"] < step["step_s"]
         assert result["summary"]["policy_s"] > 0
-    assert trl["rollout"] == "trl generate" and grpo["rollout"] == "grpo static cache"
+    # The static-cache rollouts are a GPU lever: on the CPU both sides generate with TRL's own generate.
+    assert trl["rollout"] == "trl generate"
+    assert grpo["rollout"] == ("grpo static cache" if torch.cuda.is_available() else "trl generate")
     assert grpo["speedup"] == pytest.approx(trl["summary"]["step_s"] / grpo["summary"]["step_s"])
