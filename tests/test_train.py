@@ -164,3 +164,19 @@ def test_gpu_options_on_cpu_get_a_clear_error(tmp_path, tiny_model_dir):
     assert run.returncode == 2
     assert "load_in_4bit" in run.stderr and "bf16" in run.stderr and "Traceback" not in run.stderr
     assert not (tmp_path / "rl" / "rollouts.jsonl").exists()
+
+
+def test_cpu_defaults_fill_only_unset_keys(tmp_path, monkeypatch):
+    from grpo_cli.train.run import cpu_defaults
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    recipe = load_recipe(None, ["--output_dir", str(tmp_path)], "rl")
+    assert recipe.values["cache_implementation"] == "static"  # grpo's GPU default
+    cpu_defaults(recipe)
+    assert recipe.values["bf16"] is False and recipe.values["use_cpu"] is True
+    assert "cache_implementation" not in recipe.values
+    assert recipe.where("bf16") == "grpo default (no GPU)"
+    chosen = load_recipe(None, ["--bf16", "true", "--use_cpu", "false", "--cache_implementation", "static"], "rl")
+    cpu_defaults(chosen)
+    assert chosen.values["bf16"] is True and chosen.values["use_cpu"] is False
+    assert chosen.values["cache_implementation"] == "static"

@@ -33,6 +33,22 @@ def _peak_gpu_memory(trainer) -> list[float] | None:
     return [round(x, 2) for x in trainer.accelerator.gather(peak).tolist()]
 
 
+def cpu_defaults(recipe: Recipe) -> None:
+    """Defaults that suit a machine without a GPU, where the recipe left the key unset."""
+
+    def default(key: str, value) -> None:
+        recipe.values[key] = value
+        recipe.locations[key] = "grpo default (no GPU)"
+
+    if "bf16" not in recipe.values:
+        default("bf16", False)  # TRL turns bf16 mixed precision on by default, which a CPU cannot run
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "use_cpu" not in recipe.values:
+        default("use_cpu", True)  # several CPU processes (torchrun, accelerate): without it each trains alone
+    if recipe.locations.get("cache_implementation") == "grpo default":
+        # Our static-cache rollouts are a GPU lever; on the CPU, generate's own dynamic cache is faster.
+        del recipe.values["cache_implementation"], recipe.locations["cache_implementation"]
+
+
 class TrainingRun:
     """One training run of a recipe: everything around the TRL trainer that both commands need."""
 
@@ -43,17 +59,7 @@ class TrainingRun:
         import torch
 
         if not torch.cuda.is_available():
-            if "bf16" not in recipe.values:
-                # TRL turns bf16 mixed precision on by default, which a CPU cannot run.
-                recipe.values["bf16"] = False
-                recipe.locations["bf16"] = "grpo default (no GPU)"
-            if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "use_cpu" not in recipe.values:
-                # Several CPU processes (torchrun, accelerate): without use_cpu each would train alone.
-                recipe.values["use_cpu"] = True
-                recipe.locations["use_cpu"] = "grpo default (no GPU, several processes)"
-            if recipe.locations.get("cache_implementation") == "grpo default":
-                # Our static-cache rollouts are a GPU lever; on the CPU, generate's own dynamic cache is faster.
-                del recipe.values["cache_implementation"], recipe.locations["cache_implementation"]
+            cpu_defaults(recipe)
         problems = gpu_problems(recipe.values, recipe.values) + tracking_problems(recipe.tracking)
         if problems:
             raise UserError(*problems)
