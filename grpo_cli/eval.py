@@ -9,12 +9,12 @@ from __future__ import annotations
 import gc
 import json
 import math
-import os
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_cli.atomic import write_text
 from grpo_cli.errors import UserError
 
 _TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model")
@@ -311,12 +311,6 @@ def _generate_vllm(spec, model_args, tokenizer, prompt_ids, settings, advance) -
 # ------------------------------------------------------------------------------------------------- driver
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def evaluate_model(
     spec, recipe, rows, task, reward_funcs, settings, progress=None
 ) -> tuple[dict, list[dict]]:
@@ -467,10 +461,10 @@ def run_eval(
         },
     }
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomic(
+    write_text(
         out_dir / "samples.jsonl", "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in all_samples)
     )
-    _write_atomic(out_dir / "summary.json", json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    write_text(out_dir / "summary.json", json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     print_summary(result)
     console.print(f"wrote {out_dir / 'summary.json'} and {out_dir / 'samples.jsonl'}")
     return result

@@ -9,6 +9,7 @@ from pathlib import Path
 from grpo_cli.errors import UserError
 from grpo_cli.recipe.load import Recipe, problem_order
 
+
 @dataclass
 class Plan:
     """What a run of the recipe will do, as rows of (what, value) for people."""
@@ -159,26 +160,27 @@ def build_plan(recipe: Recipe, num_processes: int, accelerate_config: dict | Non
         ("task", task.task),
         ("dataset", dataset),
     ]
+    total = per_device * num_processes * accumulation
+    batch = f"{per_device} per device x {num_processes} processes x {accumulation} accumulation = {total}"
+    lr = f"{v.get('learning_rate'):g} ({v.get('lr_scheduler_type')})"
     if recipe.command == "rl":
         names = reward_names(recipe)
         weights = v.get("reward_weights") or [1.0] * len(names)
         rows.append(("rewards", ", ".join(f"{n} x {w:g}" for n, w in zip(names, weights))))
         gen_batch = generation_batch(v, num_processes)
         num_generations = v.get("num_generations")
+        prompts = gen_batch // num_generations
         rows += [
-            ("effective batch", f"{per_device} per device x {num_processes} processes x {accumulation} accumulation "
-                                f"= {per_device * num_processes * accumulation} completions per optimizer step"),
-            ("generations", f"{num_generations} per prompt, {gen_batch // num_generations} prompts per generation "
-                            f"batch of {gen_batch}, up to {v.get('max_completion_length')} tokens"),
-            ("algorithm", f"loss {v.get('loss_type')}, beta {v.get('beta')}, "
-                          f"lr {v.get('learning_rate'):g} ({v.get('lr_scheduler_type')})"),
+            ("effective batch", f"{batch} completions per optimizer step"),
+            ("generations", f"{num_generations} per prompt, {prompts} prompts per generation batch of {gen_batch}, up to "
+             + f"{v.get('max_completion_length')} tokens"),
+            ("algorithm", f"loss {v.get('loss_type')}, beta {v.get('beta')}, lr {lr}"),
         ]
     else:
         rows += [
-            ("effective batch", f"{per_device} per device x {num_processes} processes x {accumulation} accumulation "
-                                f"= {per_device * num_processes * accumulation} sequences per optimizer step"),
+            ("effective batch", f"{batch} sequences per optimizer step"),
             ("sequence length", str(v["max_length"])),
-            ("algorithm", f"lr {v.get('learning_rate'):g} ({v.get('lr_scheduler_type')})"),
+            ("algorithm", f"lr {lr}"),
         ]
     max_steps = v["max_steps"]
     rows.append(("steps", str(max_steps) if max_steps and max_steps > 0 else f"{v.get('num_train_epochs'):g} epochs"))

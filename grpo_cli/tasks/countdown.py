@@ -152,7 +152,7 @@ def generate_rows(
 
 def write_generated(path: str, num: int, seed: int, **options: int) -> list[dict]:
     """Generate `num` tasks (see generate_rows for the options) and write them to a .jsonl file atomically."""
-    from grpo_cli.tasks.dataset import write_jsonl
+    from grpo_cli.atomic import write_jsonl
 
     if not str(path).endswith(".jsonl"):
         raise UserError(f"--out: '{path}' must be a .jsonl file")

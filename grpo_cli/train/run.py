@@ -7,6 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
+from grpo_cli.atomic import write_text
 from grpo_cli.console import console
 from grpo_cli.errors import UserError
 from grpo_cli.launch import is_main_process
@@ -15,12 +16,6 @@ from grpo_cli.recipe import Recipe
 from grpo_cli.train.checkpoints import GracefulStop, resume_point
 from grpo_cli.train.console import RunConsole, quiet_libraries, remove_default_printers
 from grpo_cli.train.tracking import swanlab_callback, tracking_problems
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _peak_gpu_memory(trainer) -> list[float] | None:
@@ -78,7 +73,7 @@ class TrainingRun:
         self.console = RunConsole(recipe.tracking)
         if self.main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
-            _write_atomic(self.output_dir / "recipe.yaml", recipe.to_yaml())
+            write_text(self.output_dir / "recipe.yaml", recipe.to_yaml())
 
     def prompts_dataset(self):
         """The task's training rows with prompts rendered as text; the conversation stays in `prompt_messages`."""
@@ -133,7 +128,7 @@ class TrainingRun:
                 "metrics": result.metrics,
                 "log_history": trainer.state.log_history,
             }
-            _write_atomic(self.output_dir / "train_summary.json", json.dumps(summary, indent=1))
+            write_text(self.output_dir / "train_summary.json", json.dumps(summary, indent=1))
             console.print(f"[bold green]saved[/] {self.output_dir}")
         return self.output_dir
 
