@@ -76,6 +76,33 @@ def test_rollout_log_probs_match_the_models_own_forward(kind, monkeypatch):
         assert max(abs(a - b) for a, b in zip(logp, reference, strict=True)) < 1e-4
 
 
+def test_rollout_applies_lora_layers():
+    """GRPO with LoRA samples from base + adapter: the rollout must go through the LoRA layers in place."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from grpo_cli.train import rollout
+
+    model = get_peft_model(
+        tiny_model("qwen2"), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
+    )
+    with torch.no_grad():  # a trained adapter: B is no longer zero, so the adapter changes the logits
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.5)
+    model.eval()
+    inner = model.get_base_model()  # what the rollout gets from the trainer (LoRA layers stay in place)
+    completions, logprobs = rollout.sample_completions(
+        inner, PROMPTS, 16, eos_token_ids=[3], pad_token_id=0, sampling=rollout.Sampling(temperature=1.0)
+    )
+    for prompt, completion, logp in zip(PROMPTS, completions, logprobs, strict=True):
+        with_adapter = teacher_forced_logprobs(model, prompt, completion, 1.0)
+        assert max(abs(a - b) for a, b in zip(logp, with_adapter, strict=True)) < 1e-4
+        with model.disable_adapter():
+            without = teacher_forced_logprobs(model, prompt, completion, 1.0)
+        assert max(abs(a - b) for a, b in zip(logp, without, strict=True)) > 1e-3
+
+
 def test_rollout_ends_at_eos_and_top_k_one_is_greedy():
     import torch
 
