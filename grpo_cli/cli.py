@@ -42,17 +42,40 @@ def _root(
     """Post-train language models with reinforcement learning from verifiable rewards."""
 
 
+def _log_to_console() -> None:
+    """grpo's own log messages (reward failures, ...) on stderr, tagged with the process's rank when there are several."""
+    import logging
+
+    from grpo_cli.launch import rank_prefix
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(f"{rank_prefix()}%(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("grpo_cli")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
 def main() -> None:
     """Entry point of the `grpo` console script and of `python -m grpo_cli`."""
+    from grpo_cli.launch import rank_prefix
+
+    _log_to_console()
     try:
         app()
     except UserError as err:
         from grpo_cli.console import print_problems
 
-        print_problems(err.problems)
+        print_problems([rank_prefix() + problem for problem in err.problems])
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as err:
+        if rank_prefix():  # several processes: say which one failed before the traceback
+            from grpo_cli.console import console
+
+            console.print(f"{rank_prefix()}failed: {type(err).__name__}: {err}", markup=False, soft_wrap=True)
+        raise
 
 
 # --- recipes -----------------------------------------------------------------------------------------------------

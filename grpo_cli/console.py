@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 
 console = Console(stderr=True, highlight=False)
 
@@ -10,8 +11,8 @@ console = Console(stderr=True, highlight=False)
 def print_problems(problems: list[str]) -> None:
     """Print user mistakes, one per line, with no traceback."""
     if len(problems) == 1:
-        console.print(f"[bold red]error:[/] {problems[0]}", soft_wrap=True)
+        console.print(f"[bold red]error:[/] {escape(problems[0])}", soft_wrap=True)
         return
     console.print(f"[bold red]error:[/] {len(problems)} problems", soft_wrap=True)
     for problem in problems:
-        console.print(f"  - {problem}", soft_wrap=True)
+        console.print(f"  - {escape(problem)}", soft_wrap=True)

@@ -615,3 +615,14 @@ def test_script_syntax(name):
 def test_script_shellcheck(name):
     result = subprocess.run(["shellcheck", "-s", "bash", str(SCRIPTS / name)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+def test_errors_name_the_rank_of_the_process(tmp_path):
+    """In a run of several processes every process reports its errors with its rank."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model_name_or_path: m\nlearnig_rate: 1\n")
+    env = {**os.environ, "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}
+    run = subprocess.run([sys.executable, "-m", "grpo_cli", "check", "-c", str(bad)], capture_output=True, text=True,
+                         env=env)
+    assert run.returncode == 2
+    assert "[rank 1] " in run.stderr and "learnig_rate" in run.stderr
