@@ -48,9 +48,11 @@ def _log_to_console() -> None:
 
     from grpo_cli.launch import rank_prefix
 
+    logger = logging.getLogger("grpo_cli")
+    if logger.handlers:  # main() called again in the same process
+        return
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter(f"{rank_prefix()}%(levelname)s %(name)s: %(message)s"))
-    logger = logging.getLogger("grpo_cli")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
