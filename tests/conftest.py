@@ -122,3 +122,33 @@ def train_adapter():
 def tiny_adapter_dir(tmp_path_factory, tiny_model_dir) -> Path:
     """A LoRA adapter (all linear layers, r=8) trained 8 steps on two sentences on top of `tiny_model_dir`."""
     return train_lora_adapter(tiny_model_dir, tmp_path_factory.mktemp("tiny_adapter"))
+
+
+@pytest.fixture
+def tiny_grpo_trainer(tiny_model_dir):
+    """Build a plain TRL GRPOTrainer on the tiny model: 2 steps of 4 completions of 8 tokens, 8 chat prompts."""
+
+    def build(output_dir, reward_funcs, prompt: str = "Say a word.", **config):
+        from datasets import Dataset
+        from trl import GRPOConfig, GRPOTrainer
+
+        args = GRPOConfig(
+            max_steps=2,
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=8,
+            report_to="none",
+            disable_tqdm=True,
+            logging_steps=1,
+            output_dir=str(output_dir),
+            use_cpu=True,
+            save_strategy="no",
+            **config,
+        )
+        prompts = [{"prompt": [{"role": "user", "content": prompt}]}] * 8
+        return GRPOTrainer(
+            model=str(tiny_model_dir), reward_funcs=reward_funcs, args=args, train_dataset=Dataset.from_list(prompts)
+        )
+
+    return build
+

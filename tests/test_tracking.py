@@ -94,33 +94,12 @@ def format_reward(completions, **kwargs):
     return [1.0 if "a" in c[0]["content"] else 0.0 for c in completions]
 
 
-def test_tiny_grpo_run_logged_offline(tiny_model_dir, tmp_path, monkeypatch, capsys):
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
+def test_tiny_grpo_run_logged_offline(tiny_grpo_trainer, tmp_path, monkeypatch, capsys):
     from grpo_cli.train.console import RunConsole, remove_default_printers
 
     monkeypatch.setenv("SWANLAB_PROJECT", "project-from-env")
     output_dir = tmp_path / "my-run"
-    args = GRPOConfig(
-        max_steps=2,
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=8,
-        report_to="none",
-        disable_tqdm=True,
-        logging_steps=1,
-        output_dir=str(output_dir),
-        use_cpu=True,
-        save_strategy="no",
-        learning_rate=1e-6,
-    )
-    trainer = GRPOTrainer(
-        model=str(tiny_model_dir),
-        reward_funcs=[format_reward],
-        args=args,
-        train_dataset=Dataset.from_list([{"prompt": [{"role": "user", "content": "Say a word."}]}] * 8),
-    )
+    trainer = tiny_grpo_trainer(output_dir, [format_reward], learning_rate=1e-6)
     tracking = TrackingArguments(swanlab=True, swanlab_mode="offline", sample_every=1, sample_count=2)
     recipe = {"task": "countdown", "seed": 7, "reward_funcs": ["format_reward"], "learning_rate": 0.123}
     tracker = swanlab_callback(tracking, str(output_dir), None, recipe)

@@ -329,31 +329,11 @@ def length_reward(completions, **kwargs):
     return [len(c[0]["content"]) / 10 for c in completions]
 
 
-def test_tiny_grpo_run_prints_progress_metrics_and_samples(tiny_model_dir, tmp_path, capsys):
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
+def test_tiny_grpo_run_prints_progress_metrics_and_samples(tiny_grpo_trainer, tmp_path, capsys):
     from grpo_cli.train.console import RunConsole, remove_default_printers
 
-    args = GRPOConfig(
-        max_steps=2,
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=8,
-        report_to="none",
-        disable_tqdm=True,
-        logging_steps=1,
-        output_dir=str(tmp_path / "out"),
-        use_cpu=True,
-        save_strategy="no",
-        beta=0.04,  # so that KL is logged
-    )
-    prompts = [{"prompt": [{"role": "user", "content": "What is 2 + 2? [b]"}]}] * 8
-    trainer = GRPOTrainer(
-        model=str(tiny_model_dir),
-        reward_funcs=[format_reward, length_reward],
-        args=args,
-        train_dataset=Dataset.from_list(prompts),
+    trainer = tiny_grpo_trainer(
+        tmp_path / "out", [format_reward, length_reward], prompt="What is 2 + 2? [b]", beta=0.04  # beta: KL is logged
     )
     run_console = RunConsole(TrackingArguments(sample_every=1, sample_count=2))
     run_console.trainer = trainer
