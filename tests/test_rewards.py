@@ -368,3 +368,275 @@ def test_every_builtin_reward_has_a_range_a_doc_and_a_task():
                 and spec.task
             )
             assert spec.low <= spec.failure <= spec.high
+
+
+# --- batches of math answers: each distinct pair once, in worker processes when there are many ------------------
+
+# (guess, gold): equal, unequal, numbers, fractions vs decimals, boxed, intervals, sets, text, symbolic.
+VARIED_PAIRS = [
+    ("\\frac{3}{4}", "\\frac{3}{4}"),
+    ("x^2+1", "x^2+1"),
+    ("56", "56"),
+    (" 56 ", "56"),
+    ("72.0", "72"),
+    ("1,234", "1234"),
+    ("57", "56"),
+    ("0.5", "0.50"),
+    ("-3", "-3.0"),
+    ("5%", "5"),
+    ("$72", "72"),
+    ("0.75", "\\frac{3}{4}"),
+    ("0.7", "\\frac{3}{4}"),
+    ("\\frac{6}{8}", "\\frac{3}{4}"),
+    ("3/4", "0.75"),
+    ("\\dfrac{1}{3}", "0.333333"),
+    ("\\frac{10}{2}", "5"),
+    ("\\frac{10}{3}", "5"),
+    ("\\boxed{5}", "5"),
+    ("\\boxed{6}", "5"),
+    ("\\boxed{\\frac{1}{2}}", "0.5"),
+    ("$\\boxed{2\\sqrt{2}}$", "\\sqrt{8}"),
+    ("(1,2]", "(1,2]"),
+    ("[1,2)", "(1,2]"),
+    ("(-\\infty, 3)", "x < 3"),
+    ("(0,1)\\cup(2,3)", "(0,1) \\cup (2,3)"),
+    ("\\{1,2\\}", "\\{2,1\\}"),
+    ("(1,2)", "(2,1)"),
+    ("\\text{yes}", "yes"),
+    ("no", "yes"),
+    ("\\text{Monday}", "\\text{Tuesday}"),
+    ("I don't know", "5"),
+    ("\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}"),
+    ("\\sqrt{2}+1", "1+\\sqrt{2}"),
+    ("2\\pi", "\\pi"),
+    ("x=5", "5"),
+    ("2", "\\sqrt{4}"),
+    ("1e3", "1000"),
+    ("60", "56"),
+    ("\\pi", "56"),
+]
+
+
+@pytest.fixture
+def math_workers(monkeypatch):
+    """dapo_answer with a pool of two math-verify workers, nothing remembered before or after."""
+    from grpo_cli.rewards import math_pool
+
+    monkeypatch.setenv(math_pool.WORKERS_ENV, "2")
+    # Scores equal one-at-a-time scores only where no comparison runs out of time: on a loaded machine a slow
+    # pair can take longer than the usual 0.5 s, in the pool or in-process, so give every comparison ample time.
+    monkeypatch.setenv(answers.SECONDS_ENV, "20")
+    math_pool.close_shared_pool()
+    answers.forget_outcomes()
+    yield math_pool
+    math_pool.close_shared_pool()
+    answers.forget_outcomes()
+
+
+def symbolic_keys(pairs) -> list[tuple[str, str]]:
+    return [
+        (guess.strip(), gold.strip())
+        for guess, gold in pairs
+        if answers._settled(guess.strip(), gold.strip()) is None
+    ]
+
+
+def test_the_fast_paths_agree_with_plain_math_verify():
+    answers.forget_outcomes()
+    plain = [answers._verify(guess.strip(), gold.strip()) for guess, gold in VARIED_PAIRS]
+    assert [answers.answers_match(guess, gold) for guess, gold in VARIED_PAIRS] == plain
+    # Equal text and plain numbers were settled without math-verify, the same way.
+    settled = [answers._settled(guess.strip(), gold.strip()) for guess, gold in VARIED_PAIRS]
+    assert [s for s in settled if s is not None] == [p for s, p in zip(settled, plain) if s is not None]
+    assert settled.count(None) >= 20
+
+
+def test_plain_numbers_compare_exactly_where_math_verify_rounds():
+    """math-verify rounds decimals to 6 places; two plain numbers are compared exactly instead."""
+    assert answers._verify("0.1000001", "0.1") is True
+    assert answers.answers_match("0.1000001", "0.1") is False
+
+
+def test_each_distinct_pair_needing_math_verify_is_listed_once():
+    answers.forget_outcomes()
+    pairs = [
+        ("\\frac{10}{2}", "5"),
+        (" \\frac{10}{2} ", "5 "),
+        ("5", "5"),
+        ("72.0", "72"),
+        ("\\boxed{5}", "5"),
+    ]
+    assert answers.symbolic_pairs(pairs) == [("\\frac{10}{2}", "5"), ("\\boxed{5}", "5")]
+    assert answers.answers_match("\\boxed{5}", "5") is True  # now remembered
+    assert answers.symbolic_pairs(pairs) == [("\\frac{10}{2}", "5")]
+
+
+def test_a_batch_scores_as_each_completion_alone(math_workers):
+    """A GRPO-like batch (each gold repeated, answers repeated) through the pool scores exactly as one completion at
+    a time with nothing remembered."""
+    batch = [pair for pair in VARIED_PAIRS for _ in range(3)]
+    batch = batch[::2] + batch[1::2]
+    completions = [chat(GOOD_DAPO.format(guess)) for guess, _ in batch]
+    golds = [gold for _, gold in batch]
+    pool = math_workers.shared_pool()
+    assert pool is not None and pool.wait_ready(60)
+    assert len(answers.symbolic_pairs(batch)) >= math_workers.MIN_POOL_PAIRS
+    together = dapo_answer(prompts=[DAPO_PROMPT] * len(batch), completions=completions, solution=golds)
+    assert pool.workers and pool.workers[0].gold is not None, "the workers compared the batch"
+
+    alone = []
+    for completion, gold in zip(completions, golds):
+        answers.forget_outcomes()
+        alone.append(dapo_answer(prompts=[DAPO_PROMPT], completions=[completion], solution=[gold])[0])
+    assert together == alone
+    assert together[golds.index("56")] == 5.0
+
+
+def test_the_pool_returns_what_math_verify_says_in_process():
+    from grpo_cli.rewards.math_pool import MathPool
+
+    keys = symbolic_keys(VARIED_PAIRS)
+    pool = MathPool(2)
+    try:
+        answers.forget_outcomes()
+        outcomes = pool.compare(keys)
+        assert pool.wait_ready(60)
+        again = pool.compare(keys)  # every pair through the ready workers this time
+    finally:
+        pool.close()
+    plain = {key: answers._verify(*key) for key in keys}
+    assert outcomes == plain and again == plain
+
+
+def ready_pool(hang_seconds: float):
+    from grpo_cli.rewards.math_pool import MathPool
+
+    pool = MathPool(2, hang_seconds=hang_seconds)
+    assert pool.wait_ready(60)
+    return pool
+
+
+def halves(start: int, n: int) -> list[tuple[str, str]]:
+    """Pairs math-verify finds equal: \\frac{2k}{2} and k."""
+    return [(f"\\frac{{{2 * k}}}{{2}}", str(k)) for k in range(start, start + n)]
+
+
+def test_a_hung_worker_is_stopped_its_pair_counts_as_no_match_and_the_pool_goes_on():
+    import os
+    import signal
+
+    pool = ready_pool(hang_seconds=2.0)
+    try:
+        hung = pool.workers[0].proc
+        os.kill(hung.pid, signal.SIGSTOP)
+        outcomes = pool.compare(halves(1, 10))
+        assert list(outcomes.values()) == [False] + [True] * 9  # the first pair went to the stopped worker
+        assert pool.hangs == 1 and hung.poll() is not None
+        assert pool.compare(halves(100, 10)) == dict.fromkeys(halves(100, 10), True)
+    finally:
+        pool.close()
+        answers.forget_outcomes()
+
+
+def test_a_worker_dying_on_a_pair_fails_only_that_completion(caplog):
+    import logging
+    import os
+    import signal
+    import threading
+
+    from grpo_cli.rewards import RewardGuard
+
+    pool = ready_pool(hang_seconds=120.0)
+    try:
+        doomed = pool.workers[0]
+        os.kill(doomed.proc.pid, signal.SIGSTOP)
+
+        def kill_once_busy():
+            while doomed.task is None and doomed.proc.poll() is None:
+                threading.Event().wait(0.01)
+            doomed.proc.kill()
+
+        killer = threading.Thread(target=kill_once_busy)
+        killer.start()
+        pairs = halves(1, 10)
+        outcomes = pool.compare(pairs)
+        killer.join()
+        assert isinstance(outcomes[pairs[0]], str) and "worker exited" in outcomes[pairs[0]]
+        assert [outcomes[p] for p in pairs[1:]] == [True] * 9 and pool.crashes == 1
+        with pytest.raises(answers.MathVerifyError):
+            answers.answers_match(*pairs[0])
+
+        guard = RewardGuard(dapo_answer.reward_spec, timeout=5)
+        with caplog.at_level(logging.WARNING, logger="grpo_cli.rewards"):
+            scores = guard(
+                prompts=[DAPO_PROMPT] * 3,
+                completions=[chat(GOOD_DAPO.format(guess)) for guess, _ in pairs[:3]],
+                solution=[gold for _, gold in pairs[:3]],
+            )
+        assert scores == [dapo_answer.reward_spec.failure, 5.0, 5.0]
+        assert guard.exceptions == 1 and guard.timeouts == 0
+        assert "MathVerifyError: math-verify worker exited" in caplog.text
+        assert pool.compare(halves(100, 10)) == dict.fromkeys(halves(100, 10), True)
+    finally:
+        pool.close()
+        answers.forget_outcomes()
+
+
+def test_the_guard_time_limit_holds_while_waiting_on_workers(math_workers, monkeypatch):
+    import os
+    import signal
+
+    from grpo_cli.rewards import RewardGuard
+
+    monkeypatch.setattr("grpo_cli.rewards.guard.MIN_BATCH_SECONDS", 1.0)
+    monkeypatch.setattr(math_workers, "HANG_SECONDS", 120.0)
+    pool = math_workers.shared_pool()
+    assert pool is not None and pool.wait_ready(60) and pool.hang_seconds == 120.0
+    pairs = halves(1, math_workers.MIN_POOL_PAIRS + 4)
+    batch = {
+        "prompts": [DAPO_PROMPT] * len(pairs),
+        "completions": [chat(GOOD_DAPO.format(guess)) for guess, _ in pairs],
+        "solution": [gold for _, gold in pairs],
+    }
+    guard = RewardGuard(dapo_answer.reward_spec, timeout=0.01)
+    for worker in pool.workers:
+        os.kill(worker.proc.pid, signal.SIGSTOP)
+    try:
+        assert guard(**batch) == [dapo_answer.reward_spec.failure] * len(pairs)
+        assert guard.timeouts == 1
+    finally:
+        for worker in pool.workers:
+            os.kill(worker.proc.pid, signal.SIGCONT)
+    assert guard(**batch) == [5.0] * len(pairs)
+    assert pool.hangs == 0 and pool.crashes == 0
+
+
+def score_in_child(pairs: list[tuple[str, str]]) -> tuple[list[float], bool]:
+    """dapo_answer in a child process: the scores, and whether that process ran its own pool of workers."""
+    import os
+
+    from grpo_cli.rewards import math_pool
+
+    scores = dapo_answer(
+        prompts=None,
+        completions=[chat(GOOD_DAPO.format(guess)) for guess, _ in pairs],
+        solution=[gold for _, gold in pairs],
+    )
+    pool = math_pool.shared_pool()
+    return scores, pool is not None and pool.pid == os.getpid() and bool(pool.workers)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_child_process_started_by_fork_or_spawn_runs_its_own_pool(math_workers, method):
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = math_workers.shared_pool()
+    assert pool is not None and pool.wait_ready(60)  # a fork child inherits this process's started pool
+    n = math_workers.MIN_POOL_PAIRS + 4
+    pairs = halves(1, n) + [("\\frac{7}{3}", "2"), ("\\boxed{3}", "4")]
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context(method)) as executor:
+        scores, own_pool = executor.submit(score_in_child, pairs).result(timeout=120)
+    assert own_pool
+    assert scores == [5.0] * n + [-4.5, -4.5]
+    assert pool.compare(halves(200, 10)) == dict.fromkeys(halves(200, 10), True)

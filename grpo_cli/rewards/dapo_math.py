@@ -1,15 +1,19 @@
 """DAPO-Math rewards from Unsloth's Qwen3 GRPO recipe: exact and approximate format, answer, numbers.
 
-Answers compare through math-verify (`\\frac{1}{2}`, `0.5` and `\\boxed{1/2}` agree), not as strings.
+Answers compare through math-verify (`\\frac{1}{2}`, `0.5` and `\\boxed{1/2}` agree), not as strings; a batch's
+distinct pairs are compared once, in worker processes when there are many (grpo_cli.rewards.math_pool).
 """
 
 from __future__ import annotations
 
+from grpo_cli.rewards.math_pool import match_many
 from grpo_cli.rewards.registry import reward
 from grpo_cli.rewards.texts import texts
 from grpo_cli.tasks.answers import answers_match, first_number, parse_number
 from grpo_cli.tasks.dapo_math import SOLUTION_START, is_exact, solution_of, tag_score
 from grpo_cli.tasks.task import MAX_TEXT_CHARS
+
+SCORE_CHUNK = 1024  # completions whose answers are compared together (well under answers_match's memory)
 
 
 def _golds(solution, kwargs: dict) -> list:
@@ -46,7 +50,11 @@ def dapo_format_approx(prompts=None, completions=None, **kwargs) -> list[float]:
 
 def answer_score(text: str, gold) -> float:
     """5 for an equivalent answer, 2 / 1.5 within 10% / 20%, -2.5 wrong, -4.5 not a number, -2 no solution."""
-    guess = solution_of(text)
+    return _guess_score(solution_of(text), gold)
+
+
+def _guess_score(guess: str | None, gold) -> float:
+    """answer_score of the answer found in a completion (None: no solution)."""
     if guess is None:
         return -2.0
     if answers_match(guess, str(gold)):
@@ -74,8 +82,14 @@ def answer_score(text: str, gold) -> float:
 )
 def dapo_answer(prompts=None, completions=None, solution=None, **kwargs) -> list[float]:
     """The recipe's answer check, with equivalence by math-verify instead of string equality."""
-    all_texts = texts(prompts, completions)
-    return [answer_score(text, gold) for text, gold in zip(all_texts, _golds(solution, kwargs), strict=True)]
+    guesses = [solution_of(text) for text in texts(prompts, completions)]
+    pairs = list(zip(guesses, _golds(solution, kwargs), strict=True))
+    scores: list[float] = []
+    for start in range(0, len(pairs), SCORE_CHUNK):
+        chunk = pairs[start : start + SCORE_CHUNK]
+        match_many((guess, str(gold)) for guess, gold in chunk if guess is not None)
+        scores.extend(_guess_score(guess, gold) for guess, gold in chunk)
+    return scores
 
 
 def numbers_score(text: str, gold) -> float | None:

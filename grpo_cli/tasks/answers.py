@@ -5,21 +5,32 @@ single C calls no signal can interrupt (`9^{9^{9}}` never returns) and binomials
 construction: answers are capped in length, answers that combine growth operators (^ ! binom prod ...) with
 5+ digit numbers or with each other are not parsed, and parsed expressions whose numbers could grow past
 MAX_VALUE_BITS are not compared. The SIGALRM time limit (main thread only) is the safety net.
+
+math-verify's verdict on each pair is remembered (the last MATCH_CACHE_SIZE pairs). It may be computed elsewhere:
+`symbolic_pairs` lists a batch's distinct pairs still to compare, `symbolic_outcome` compares one (in a worker
+process, see grpo_cli.rewards.math_pool) and `remember` stores the outcomes for answers_match to read.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
 import re
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from fractions import Fraction
 
 from grpo_cli.tasks.time_limit import time_limit
 
 MAX_ANSWER_CHARS = 400  # longer answers are not parsed (a final answer is short)
+MAX_GOLD_CHARS = MAX_ANSWER_CHARS * 4  # only this much of a gold answer is parsed
+MATCH_CACHE_SIZE = 8192  # remembered math-verify verdicts: a GRPO group repeats answers to the same problem
+MAX_ERROR_CHARS = 300
 MAX_NUMBER_CHARS = 60
 MAX_VALUE_BITS = 20_000
-MATH_VERIFY_SECONDS = 0.5
+MATH_VERIFY_SECONDS = 0.5  # per comparison; GRPO_MATH_VERIFY_SECONDS overrides it
+SECONDS_ENV = "GRPO_MATH_VERIFY_SECONDS"
 
 # ASCII digits only: str.isdigit() and \d also accept "٣", "³" and "３", which int() or a reader may not.
 _NUMBER = re.compile(r"-?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?|-?\.[0-9]+", re.ASCII)
@@ -129,12 +140,55 @@ def _quiet_math_verify() -> None:
     math_verify.parser.TIMEOUT_WARNING_SHOWN = True
 
 
-def answers_match(guess: str, gold: str) -> bool:
-    """Whether a final answer equals the gold one: same text, same number, or equal by math-verify.
+Outcome = bool | str  # math-verify's verdict on a pair of answers, or the error it raised ("TypeError: ...")
+Pair = tuple[str, str]
 
-    `\\frac{1}{2}`, `0.5`, `1/2` and `\\boxed{1/2}` all match gold `\\frac{1}{2}`; `1,234` matches `1234`.
-    """
-    guess, gold = str(guess).strip(), str(gold).strip()
+
+class MathVerifyError(RuntimeError):
+    """Comparing a pair of answers failed earlier (in a worker process, say): raised wherever that pair is scored."""
+
+
+class _Outcomes:
+    """A bounded map from a (guess, gold) pair to its Outcome; the least recently used is dropped first."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._items: OrderedDict[Pair, Outcome] = OrderedDict()
+
+    def __contains__(self, key: Pair) -> bool:
+        return key in self._items
+
+    def get(self, key: Pair) -> Outcome | None:
+        """The outcome remembered for the pair, or None."""
+        outcome = self._items.get(key)
+        if outcome is not None:
+            try:
+                self._items.move_to_end(key)
+            except KeyError:  # dropped by another thread meanwhile
+                pass
+        return outcome
+
+    def put(self, key: Pair, outcome: Outcome) -> None:
+        """Remember the pair's outcome, dropping the oldest beyond `size`."""
+        self._items[key] = outcome
+        try:
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        except KeyError:  # changed by another thread meanwhile
+            pass
+
+    def clear(self) -> None:
+        """Forget every outcome."""
+        self._items.clear()
+
+
+_OUTCOMES = _Outcomes(MATCH_CACHE_SIZE)
+
+
+def _settled(guess: str, gold: str) -> bool | None:
+    """answers_match's verdict on two stripped answers when it needs no math-verify (equal text, an empty or
+    overlong answer, two plain numbers), else None."""
     if not guess or not gold or len(guess) > MAX_ANSWER_CHARS:
         return False
     if guess == gold:
@@ -142,17 +196,80 @@ def answers_match(guess: str, gold: str) -> bool:
     guess_number, gold_number = parse_number(guess), parse_number(gold)
     if guess_number is not None and gold_number is not None:
         return guess_number == gold_number
-    return _symbolic_match(guess, gold)
+    return None
 
 
-@functools.lru_cache(maxsize=8192)  # a GRPO group repeats answers to the same problem
+def answers_match(guess: str, gold: str) -> bool:
+    """Whether a final answer equals the gold one: same text, same number, or equal by math-verify.
+
+    `\\frac{1}{2}`, `0.5`, `1/2` and `\\boxed{1/2}` all match gold `\\frac{1}{2}`; `1,234` matches `1234`.
+    """
+    guess, gold = str(guess).strip(), str(gold).strip()
+    settled = _settled(guess, gold)
+    return settled if settled is not None else _symbolic_match(guess, gold)
+
+
+def symbolic_pairs(pairs: Iterable[tuple[str, str]]) -> list[Pair]:
+    """The distinct pairs among (guess, gold) `pairs`, stripped, that answers_match would hand to math-verify and
+    whose outcome is not remembered yet, in first-seen order."""
+    todo: dict[Pair, None] = {}
+    for guess, gold in pairs:
+        key = (str(guess).strip(), str(gold).strip())
+        if key not in todo and key not in _OUTCOMES and _settled(*key) is None:
+            todo[key] = None
+    return list(todo)
+
+
+def remember(outcomes: Mapping[Pair, Outcome]) -> None:
+    """Remember outcomes of stripped (guess, gold) pairs computed elsewhere (by symbolic_outcome)."""
+    for key, outcome in outcomes.items():
+        _OUTCOMES.put(key, outcome)
+
+
+def forget_outcomes() -> None:
+    """Forget every remembered math-verify verdict and parsed gold answer."""
+    _OUTCOMES.clear()
+    _parse_gold.cache_clear()
+
+
+def symbolic_outcome(guess: str, gold: str) -> Outcome:
+    """math-verify's verdict on two stripped answers, or the text of the error comparing them raised."""
+    try:
+        return _symbolic_match(guess, gold)
+    except Exception as err:  # noqa: BLE001 - the error travels back as text, to be raised where it is scored
+        return f"{type(err).__name__}: {err}"[:MAX_ERROR_CHARS]
+
+
 def _symbolic_match(guess: str, gold: str) -> bool:
+    """math-verify's verdict on two stripped answers, remembered; raises MathVerifyError for a pair whose
+    comparison is known to have failed."""
+    key = (guess, gold)
+    outcome = _OUTCOMES.get(key)
+    if outcome is None:
+        outcome = _verify(guess, gold)
+        _OUTCOMES.put(key, outcome)
+    if isinstance(outcome, str):
+        raise MathVerifyError(outcome)
+    return outcome
+
+
+def math_verify_seconds() -> float:
+    """The time one math-verify comparison may take: GRPO_MATH_VERIFY_SECONDS, else MATH_VERIFY_SECONDS."""
+    try:
+        return max(0.01, float(os.environ[SECONDS_ENV]))
+    except (KeyError, ValueError):
+        return MATH_VERIFY_SECONDS
+
+
+def _verify(guess: str, gold: str) -> bool:
+    """Parse both answers and compare them with math-verify, within math_verify_seconds() (False when it runs
+    out)."""
     _quiet_math_verify()
     from math_verify import verify
 
     result = False
-    with time_limit(MATH_VERIFY_SECONDS):
-        gold_parsed = _parse_gold(gold[: MAX_ANSWER_CHARS * 4])
+    with time_limit(math_verify_seconds()):
+        gold_parsed = _parse_gold(gold[:MAX_GOLD_CHARS])
         guess_parsed = _parse(guess)
         if gold_parsed and guess_parsed:
             result = bool(verify(gold_parsed, guess_parsed, timeout_seconds=None))
