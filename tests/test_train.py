@@ -180,3 +180,36 @@ def test_cpu_defaults_fill_only_unset_keys(tmp_path, monkeypatch):
     cpu_defaults(chosen)
     assert chosen.values["bf16"] is True and chosen.values["use_cpu"] is False
     assert chosen.values["cache_implementation"] == "static"
+
+
+def test_gpu_defaults_turn_liger_on_for_grpo_only_where_it_is_installed_and_unset(tmp_path, monkeypatch):
+    import importlib.util
+
+    from grpo_cli.train import run
+
+    installed = {"liger_kernel": True}
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name, *args):
+        if name == "liger_kernel":
+            return real_find_spec("json") if installed["liger_kernel"] else None
+        return real_find_spec(name, *args)
+
+    monkeypatch.setattr(run.importlib.util, "find_spec", find_spec)
+    rl = load_recipe(None, ["--output_dir", str(tmp_path)], "rl")
+    run.gpu_defaults(rl)
+    assert rl.values["use_liger_kernel"] is True
+    assert rl.where("use_liger_kernel") == "grpo default (GPU, liger-kernel installed)"
+
+    chosen = load_recipe(None, ["--use_liger_kernel", "false"], "rl")
+    sft = load_recipe(None, [], "sft")
+    zero3 = load_recipe(None, ["--deepspeed", "zero3.json"], "rl")
+    for recipe in (chosen, sft, zero3):
+        run.gpu_defaults(recipe)
+    assert chosen.values["use_liger_kernel"] is False
+    assert "use_liger_kernel" not in sft.values and "use_liger_kernel" not in zero3.values
+
+    installed["liger_kernel"] = False
+    missing = load_recipe(None, [], "rl")
+    run.gpu_defaults(missing)
+    assert "use_liger_kernel" not in missing.values
