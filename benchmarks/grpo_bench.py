@@ -55,32 +55,40 @@ SHAPES = {  # Qwen2.5 shapes (config.json of the released models), random weight
 
 # name -> (side, recipe/GRPOConfig keys on top of the shared ones). "trl" is the plain TRL script; the others run
 # `grpo rl` through grpo_cli.train.rl.run_rl, so they get the project's defaults unless a key here says otherwise.
+# `micro_batch` is not a recipe key: it is how many completions one forward/backward takes (the side's
+# per_device_train_batch_size); gradient_accumulation_steps follows, so every configuration does the same GRPO work.
+# "grpo" splits the step's completions into micro-batches of 32 (gradient_accumulation_steps 4), the split the
+# built-in recipes recommend: the same GRPO work (TRL's losses sum or average over the whole step either way).
 CONFIGS = {
     "trl": ("trl", {}),
-    "grpo": ("grpo", {}),
-    "grpo-dynamic": ("grpo", {"cache_implementation": "dynamic"}),  # TRL's model.generate through grpo
-    "grpo-cb": ("grpo", {"use_transformers_continuous_batching": True, "cache_implementation": None}),
-    "grpo-no-gc": ("grpo", {"gradient_checkpointing": False}),
-    "grpo-liger": (
+    "grpo": ("grpo", {"micro_batch": 32}),
+    "grpo-mb8": ("grpo", {"micro_batch": 8}),
+    "grpo-mb16": ("grpo", {"micro_batch": 16}),
+    "grpo-mb32": ("grpo", {"micro_batch": 32}),
+    "grpo-mb64": ("grpo", {"micro_batch": 64}),
+    "grpo-no-liger": (
         "grpo",
-        {"use_liger_kernel": True},
-    ),  # liger's RMSNorm/RoPE/SwiGLU kernels (TRL keeps its LM head)
+        {"micro_batch": 32, "use_liger_kernel": False},
+    ),  # grpo's GPU default turned off
+    "grpo-no-gc": ("grpo", {"micro_batch": 32, "gradient_checkpointing": False}),
+    "grpo-dynamic": ("grpo", {"micro_batch": 32, "cache_implementation": "dynamic"}),  # TRL's model.generate
+    "grpo-cb": ("grpo", {"use_transformers_continuous_batching": True, "cache_implementation": None}),
 }
+TRL_MICRO_BATCH = 8  # GRPOConfig's default per_device_train_batch_size
 
 # (shape, completion length, config, time cap in seconds, optimizer steps), most wanted first; configurations start
 # while the time budget lasts. The baselines' steps are long and alike: one warm-up step and one timed.
 GPU_PLAN = [
     ("qwen2.5-0.5b", 256, "trl", 80, 2),
-    ("qwen2.5-0.5b", 256, "grpo", 60, 3),
-    ("qwen2.5-0.5b", 256, "grpo-cb", 45, 3),
+    ("qwen2.5-0.5b", 256, "grpo", 60, 4),
     ("qwen2.5-1.5b", 256, "trl", 90, 2),
-    ("qwen2.5-1.5b", 256, "grpo", 60, 3),
-    ("qwen2.5-0.5b", 1024, "grpo", 60, 3),
-    ("qwen2.5-0.5b", 1024, "trl", 120, 2),
-    ("qwen2.5-1.5b", 1024, "grpo", 80, 3),
-    ("qwen2.5-1.5b", 1024, "trl", 150, 2),
-    ("qwen2.5-0.5b", 256, "grpo-no-gc", 60, 3),
-    ("qwen2.5-0.5b", 256, "grpo-dynamic", 80, 2),
+    ("qwen2.5-1.5b", 256, "grpo", 70, 4),
+    ("qwen2.5-0.5b", 1024, "grpo", 80, 3),
+    ("qwen2.5-0.5b", 1024, "trl", 130, 2),
+    ("qwen2.5-1.5b", 1024, "grpo", 90, 3),
+    ("qwen2.5-1.5b", 1024, "trl", 160, 2),
+    ("qwen2.5-0.5b", 256, "grpo-mb8", 60, 4),
+    ("qwen2.5-0.5b", 256, "grpo-no-liger", 60, 4),
 ]
 TINY_PLAN = [("tiny", 8, "trl", 120, 3), ("tiny", 8, "grpo", 120, 3)]
 
@@ -94,8 +102,10 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def _install_timers(record: dict, out: Path, steps: int) -> None:
-    """Time generation, reward scoring and whole optimizer steps of any GRPOTrainer in this process."""
+def _install_timers(record: dict, out: Path, steps: int, profile: str = "") -> None:
+    """Time generation, reward scoring, the rest of the batch preparation, the micro-batches' forward/backward and
+    whole optimizer steps of any GRPOTrainer in this process; keep each logged step's metrics. With `profile`, the
+    third step runs under torch.profiler (its tables go to the file `profile` names) and is left out of the timings."""
     import torch
     from transformers.trainer_callback import CallbackHandler
     from trl import GRPOTrainer
@@ -109,10 +119,27 @@ def _install_timers(record: dict, out: Path, steps: int) -> None:
             torch.cuda.synchronize()
         return time.perf_counter()
 
-    pending = {"generate_s": 0.0, "reward_s": 0.0, "completion_tokens": 0, "decode_steps": 0, "calls": []}
-    clock = {"last": None}
+    def fresh() -> dict:
+        return {
+            "generate_s": 0.0,
+            "reward_s": 0.0,
+            "prepare_s": 0.0,
+            "train_s": 0.0,
+            "completion_tokens": 0,
+            "decode_steps": 0,
+            "calls": [],
+        }
+
+    pending = fresh()
+    clock = {"last": None, "profiler": None}
     generate, calculate_rewards = GRPOTrainer._generate, GRPOTrainer._calculate_rewards
-    step_begin, step_end = CallbackHandler.on_train_begin, CallbackHandler.on_step_end
+    prepare, training_step = GRPOTrainer._generate_and_score_completions, GRPOTrainer.training_step
+    step_begin, step_end, on_log = (
+        CallbackHandler.on_train_begin,
+        CallbackHandler.on_step_end,
+        CallbackHandler.on_log,
+    )
+    record["logs"] = []
 
     def timed_generate(self, prompts):
         start = now()
@@ -139,6 +166,25 @@ def _install_timers(record: dict, out: Path, steps: int) -> None:
         pending["reward_s"] += now() - start
         return output
 
+    def timed_prepare(self, *args, **kwargs):  # generation + rewards + TRL's batch bookkeeping
+        start = now()
+        output = prepare(self, *args, **kwargs)
+        pending["prepare_s"] += now() - start
+        return output
+
+    def timed_training_step(self, *args, **kwargs):  # one micro-batch: forward, loss, backward
+        start = now()
+        output = training_step(self, *args, **kwargs)
+        pending["train_s"] += now() - start
+        return output
+
+    def logged(self, args, state, control, logs=None, **kwargs):
+        if logs and "reward" in logs:
+            record["logs"].append(
+                {"step": state.global_step, **{k: v for k, v in logs.items() if "reward" in k}}
+            )
+        return on_log(self, args, state, control, logs=logs, **kwargs)
+
     def on_train_begin(self, *args, **kwargs):
         clock["last"] = now()
         return step_begin(self, *args, **kwargs)
@@ -146,10 +192,23 @@ def _install_timers(record: dict, out: Path, steps: int) -> None:
     def on_step_end(self, *args, **kwargs):
         end = now()
         step = {"step_s": end - clock["last"], **pending}
+        step["train_s"] -= step["prepare_s"]  # TRL prepares (generates) the batch inside a training step
+        step["prepare_s"] -= step["generate_s"] + step["reward_s"]
         if cuda:
             step["peak_bytes"] = torch.cuda.max_memory_allocated()
+        if clock["profiler"] is not None:
+            clock["profiler"].stop()
+            step["profiled"] = True
+            averages = clock["profiler"].key_averages()
+            tables = [
+                averages.table(sort_by=key, row_limit=45, max_name_column_width=70)
+                for key in ("self_cuda_time_total" if cuda else "self_cpu_time_total", "cpu_time_total")
+            ]
+            Path(profile).write_text("\n\n".join(tables))
+            clock["profiler"] = None
         record["steps"].append(step)
-        pending.update(generate_s=0.0, reward_s=0.0, completion_tokens=0, decode_steps=0, calls=[])
+        pending.clear()
+        pending.update(fresh())
         done = len(record["steps"]) >= steps
         record["status"] = "done" if done else "running"
         _write_json(out, record)
@@ -158,28 +217,37 @@ def _install_timers(record: dict, out: Path, steps: int) -> None:
             sys.stderr.flush()
             os._exit(0)
         output = step_end(self, *args, **kwargs)
+        if profile and len(record["steps"]) == 2:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if cuda:
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            clock["profiler"] = torch.profiler.profile(activities=activities)
+            clock["profiler"].start()
         clock["last"] = now()  # callbacks (logging, console) count in the next step, as in a real run
         return output
 
     GRPOTrainer._generate = timed_generate
     GRPOTrainer._calculate_rewards = timed_rewards
+    GRPOTrainer._generate_and_score_completions = timed_prepare
+    GRPOTrainer.training_step = timed_training_step
+    CallbackHandler.on_log = logged
     CallbackHandler.on_train_begin = on_train_begin
     CallbackHandler.on_step_end = on_step_end
 
 
 def _shared_keys(spec: dict) -> dict:
-    """The GRPO work both sides do: prompts and generations per step, length, steps, seed."""
+    """The GRPO work every side does: prompts and generations per step, length, steps, seed; and its split."""
     completions = spec["prompts"] * spec["generations"]
-    micro = min(8, completions)  # TRL's default per_device_train_batch_size, 8
+    micro = min(spec["micro_batch"], completions)
     keys = {
         "num_generations": spec["generations"],
         "max_completion_length": spec["length"],
+        "per_device_train_batch_size": micro,
         "gradient_accumulation_steps": completions // micro,
         "max_steps": spec["steps"],
         "seed": spec["seed"],
     }
-    if micro != 8:
-        keys["per_device_train_batch_size"] = micro
+    keys.update(spec.get("training", {}))
     return keys
 
 
@@ -213,10 +281,11 @@ def run_trl(spec: dict, output_dir: Path) -> None:
         bf16=cuda,
         report_to="none",
         save_strategy="no",
+        logging_steps=1,  # as grpo's default: both sides log (and gather their metrics) every step
         **_shared_keys(spec),
         **spec["overrides"],
     )
-    rewards = [conversational(f) for f in build_reward_funcs(["countdown_format", "countdown_equation"], 0.5)]
+    rewards = [conversational(f) for f in build_reward_funcs(spec["rewards"], 0.5)]
     trainer = GRPOTrainer(
         model=spec["model"],
         reward_funcs=rewards,
@@ -242,7 +311,7 @@ def run_grpo(spec: dict, output_dir: Path) -> None:
         "task": "countdown",
         "dataset_generate": spec["rows"],
         "dataset_seed": 0,
-        "reward_funcs": ["countdown_format", "countdown_equation"],
+        "reward_funcs": spec["rewards"],
         "output_dir": str(output_dir),
         **_shared_keys(spec),
         **spec["overrides"],
@@ -258,7 +327,7 @@ def worker(spec_path: Path) -> None:
     out = Path(spec["out"])
     record = {"status": "starting", "steps": []}
     _write_json(out, record)
-    _install_timers(record, out, spec["steps"])
+    _install_timers(record, out, spec["steps"], spec.get("profile", ""))
     work = Path(tempfile.mkdtemp(prefix="grpo-bench-"))
     (run_trl if spec["side"] == "trl" else run_grpo)(spec, work / "run")
     record["status"] = "done"
@@ -374,7 +443,7 @@ def reward_scoring(count: int) -> dict:
 
 def summarize(result: dict, warmup: int, bandwidth: float | None) -> dict:
     """Median step after warm-up and its split; decode speed against the bandwidth limit."""
-    steps = result.get("steps", [])[warmup:]
+    steps = [s for s in result.get("steps", [])[warmup:] if not s.get("profiled")]
     if not steps:  # cut short before a timed step: the warm-up step is all there is, and timed_steps says so
         steps = result.get("steps", [])[-1:]
         if not steps:
@@ -390,6 +459,14 @@ def summarize(result: dict, warmup: int, bandwidth: float | None) -> dict:
         "generate_s": generate_s,
         "reward_s": reward_s,
         "policy_s": med(s["step_s"] - s["generate_s"] - s["reward_s"] for s in steps),
+        "prepare_s": med(
+            s.get("prepare_s", 0.0) for s in steps
+        ),  # TRL's batch bookkeeping around gen/rewards
+        "train_s": med(s.get("train_s", 0.0) for s in steps),  # the micro-batches' forward, loss and backward
+        "other_s": med(
+            s["step_s"] - s["generate_s"] - s["reward_s"] - s.get("prepare_s", 0.0) - s.get("train_s", 0.0)
+            for s in steps
+        ),  # optimizer step, clipping, scheduler, callbacks
         "completion_tokens_per_step": med(s["completion_tokens"] for s in steps),
         "tokens_per_s": med(s["completion_tokens"] for s in steps) / step_s,
     }
@@ -452,11 +529,15 @@ def print_table(results: list[dict]) -> None:
         "shape",
         "tokens",
         "config",
+        "mb",
         "rollout",
         "step s",
         "gen s",
         "reward s",
         "policy s",
+        "prep s",
+        "fwd/bwd s",
+        "other s",
         "tok/s",
         "ms/decode",
         "BW share",
@@ -477,11 +558,15 @@ def print_table(results: list[dict]) -> None:
             r["shape"],
             str(r["length"]),
             r["config"],
+            str(r.get("micro_batch", "-")),
             str(r.get("rollout", "-")),
             fmt(s.get("step_s")),
             fmt(s.get("generate_s")),
             fmt(s.get("reward_s"), "{:.3f}"),
             fmt(s.get("policy_s")),
+            fmt(s.get("prepare_s")),
+            fmt(s.get("train_s")),
+            fmt(s.get("other_s")),
             fmt(s.get("tokens_per_s"), "{:.0f}"),
             fmt(s.get("decode_ms")),
             fmt(s.get("bandwidth_share"), "{:.1%}"),
@@ -519,6 +604,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budget-s", type=float, default=280, help="stop starting configurations after this")
     parser.add_argument("--tokenizer", help="tokenizer folder (default: the SmolLM2 demo tokenizer)")
     parser.add_argument("--reward-completions", type=int, default=128)
+    parser.add_argument(
+        "--rewards",
+        default="countdown_format,countdown_equation",
+        help="reward functions of every configuration (names or file.py:function)",
+    )
+    parser.add_argument(
+        "--learning-rate", type=float, help="learning rate of every configuration (default: each side's own)"
+    )
+    parser.add_argument("--profile", default="", help="comma-separated configs whose third step is profiled")
     parser.add_argument("--out", default="benchmarks/results.json")
     parser.add_argument("--work", help="folder for models and logs (default: a temporary one)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -541,6 +635,9 @@ def main(argv: list[str] | None = None) -> None:
             )
     else:
         plan = TINY_PLAN if args.tiny else GPU_PLAN
+    rewards = args.rewards.split(",")
+    training = {} if args.learning_rate is None else {"learning_rate": args.learning_rate}
+    profile = set(filter(None, args.profile.split(",")))
     work = Path(args.work or tempfile.mkdtemp(prefix="grpo-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out)
@@ -558,6 +655,8 @@ def main(argv: list[str] | None = None) -> None:
             "cpus": os.cpu_count(),
         },
         "per_step": {"prompts": prompts, "generations": generations, "warmup_steps": args.warmup},
+        "rewards": rewards,
+        "training": training,
         "results": [],
     }
     import transformers
@@ -566,19 +665,25 @@ def main(argv: list[str] | None = None) -> None:
     report["machine"].update(transformers=transformers.__version__, trl=trl.__version__)
     bandwidth = copy_bandwidth(args.device)
     report["machine"]["copy_bandwidth_gb_s"] = bandwidth / 1e9
-    report["reward_scoring"] = reward_scoring(args.reward_completions)
+    try:
+        report["reward_scoring"] = reward_scoring(args.reward_completions)
+    except Exception as err:  # noqa: BLE001 - the step timings are the main result: keep going
+        report["reward_scoring"] = {"error": f"{type(err).__name__}: {err}"}
     tokenizer_dir = tokenizer_folder(args.tokenizer, work)
     models: dict[str, tuple[Path, dict]] = {}
     _write_json(out, report)
 
     for shape, length, config, cap, steps in plan:
         side, overrides = CONFIGS[config]
+        overrides = dict(overrides)
+        micro_batch = overrides.pop("micro_batch", TRL_MICRO_BATCH)
         entry = {
             "shape": shape,
             "length": length,
             "config": config,
             "side": side,
             "overrides": overrides,
+            "micro_batch": micro_batch,
             "optimizer_steps": steps,
         }
         remaining = deadline - time.perf_counter()
@@ -600,6 +705,12 @@ def main(argv: list[str] | None = None) -> None:
             "seed": 42,
             "rows": max(64, prompts * (steps + 1)),
             "overrides": overrides,
+            "micro_batch": micro_batch,
+            "rewards": rewards,
+            "training": training,
+            "profile": str(out.parent / f"{shape}-{length}-{config}.profile.txt")
+            if config in profile
+            else "",
             "out": str(work / f"{shape}-{length}-{config}.json"),
         }
         result = _run_worker(spec, min(cap, remaining), work / f"{shape}-{length}-{config}.log")

@@ -1,9 +1,9 @@
 """Build a random-weight Qwen2 model with a real tokenizer and save it in bf16.
 
-python make_model.py TOKENIZER_DIR OUT [--shape 1.5b|tiny]
+python make_model.py TOKENIZER_DIR OUT [--shape 0.5b|1.5b|tiny]
 
-1.5b is the Qwen2.5-1.5B shape (hidden 1536, 28 layers, 12 heads, 2 KV heads, intermediate 8960, tied
-embeddings) with the tokenizer's vocabulary; tiny is for checking the scripts on a CPU.
+0.5b and 1.5b have the shapes of Qwen2.5-0.5B and Qwen2.5-1.5B (1.5b: hidden 1536, 28 layers, 12 heads, 2 KV heads,
+intermediate 8960, tied embeddings) with the tokenizer's vocabulary; tiny is for checking the scripts on a CPU.
 """
 
 import argparse
@@ -13,6 +13,8 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 SHAPES = {
+    "0.5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+             "intermediate_size": 4864},
     "1.5b": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
              "intermediate_size": 8960},
     "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
