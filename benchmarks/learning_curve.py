@@ -1,6 +1,6 @@
 """Does grpo's rollout path learn like TRL's? The same GRPO run, rollouts from each, side by side over several seeds.
 
-    python benchmarks/learning_curve.py --out benchmarks/learning-curve-cpu.json      # about 5 minutes on 2 cores
+    python benchmarks/learning_curve.py --out benchmarks/learning-curve-cpu.json      # about 2 minutes on 2 cores
 
 Both arms are TRL's GRPOTrainer with the same model (a small random-weight Qwen2 with the SmolLM2 tokenizer), data,
 reward, optimizer and seed; they differ only in who samples the completions: TRL's `model.generate` (`trl`) or

@@ -76,6 +76,40 @@ def test_rollout_log_probs_match_the_models_own_forward(kind, monkeypatch):
         assert max(abs(a - b) for a, b in zip(logp, reference, strict=True)) < 1e-4
 
 
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_rollout_draws_the_tokens_transformers_generate_draws_from_the_same_seed(kind):
+    """Same probabilities, same random state, same torch.multinomial: on the CPU, grpo's rollout and transformers'
+    sampling `generate` (TRL's own path) give the same completions, so GRPO runs on either follow one trajectory."""
+    import torch
+
+    from grpo_cli.train import rollout
+
+    model = tiny_model(kind)
+    length = max(len(p) for p in PROMPTS)
+    ids = torch.tensor([[0] * (length - len(p)) + p for p in PROMPTS])
+    mask = torch.tensor([[0] * (length - len(p)) + [1] * len(p) for p in PROMPTS])
+    torch.manual_seed(11)
+    ours, _ = rollout.sample_completions(
+        model, PROMPTS, 20, eos_token_ids=[3], pad_token_id=0, sampling=rollout.Sampling(temperature=0.9)
+    )
+    torch.manual_seed(11)
+    with torch.no_grad():
+        generated = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            max_new_tokens=20,
+            temperature=0.9,
+            top_k=0,
+            top_p=1.0,
+            eos_token_id=3,
+            pad_token_id=0,
+        )[:, length:].tolist()
+    theirs = [row[: row.index(3) + 1] if 3 in row else row for row in generated]
+    assert ours == theirs
+    assert len({tuple(c) for c in ours}) == len(ours)  # really sampled: the prompts' completions differ
+
+
 def test_rollout_applies_lora_layers():
     """GRPO with LoRA samples from base + adapter: the rollout must go through the LoRA layers in place."""
     import torch
