@@ -215,6 +215,13 @@ def test_benchmark_runs_baseline_and_grpo_side_by_side_on_cpu(tmp_path, demo_tok
         assert step["completion_tokens"] <= 2 * 2 * 4 and step["calls"][0]["batch"] == 4  # same GRPO work
         assert 0 < step["generate_s"] < step["step_s"]
         assert result["summary"]["policy_s"] > 0
+        # The policy time splits into TRL's bookkeeping, the micro-batches' forward/backward and the rest.
+        assert step["prepare_s"] >= 0 and step["train_s"] > 0
+        parts = step["generate_s"] + step["reward_s"] + step["prepare_s"] + step["train_s"]
+        assert parts <= step["step_s"] * 1.001
+        # Each step's reward metrics are kept; the worker leaves as the last step ends, before its log.
+        assert [log["step"] for log in result["logs"]] == [1] and "reward" in result["logs"][0]
+    assert (trl["micro_batch"], grpo["micro_batch"]) == (8, 32)  # TRL's default; grpo's recipes' split
     # The static-cache rollouts are a GPU lever: on the CPU both sides generate with TRL's own generate.
     assert trl["rollout"] == "trl generate"
     assert grpo["rollout"] == ("grpo static cache" if torch.cuda.is_available() else "trl generate")
