@@ -1,8 +1,9 @@
 # grpo: install, test and demo on a fresh machine. `make test` and `make demo` install what they need.
 PYTHON ?= python3
 VENV ?= .venv
-# The CPU machine's torch; on a GPU machine use e.g. `make install TORCH_SPEC=torch`.
+# The CPU machine's torch; on a GPU machine use e.g. `make install TORCH_SPEC=torch EXTRAS=dev,liger`.
 TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= dev
 BIN := $(VENV)/bin
 DEMO := outputs/demo
 
@@ -14,7 +15,7 @@ $(BIN)/activate:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/activate
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
 	touch $@
 
 install: $(VENV)/.installed
