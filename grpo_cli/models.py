@@ -386,14 +386,35 @@ def _kbit_device_map():
     return {"": PartialState().local_process_index}
 
 
+# Options that need a package grpo does not install by default: (module, how to install it).
+OPTIONAL_PACKAGES = {
+    "use_liger_kernel": ("liger_kernel", "pip install 'grpo-cli[liger]'"),
+    "use_vllm": ("vllm", "pip install 'grpo-cli[vllm]'"),
+    "load_in_4bit": ("bitsandbytes", "pip install bitsandbytes"),
+    "load_in_8bit": ("bitsandbytes", "pip install bitsandbytes"),
+}
+
+
+def missing_packages(model_args, training_args=None) -> list[str]:
+    """Options set to true whose package is not installed, each with how to fix it."""
+    import importlib.util
+
+    problems = []
+    for key, (module, install) in OPTIONAL_PACKAGES.items():
+        if (_get(model_args, key) or _get(training_args, key)) and importlib.util.find_spec(module) is None:
+            problems.append(f"{key}: true needs {module}, which is not installed - {install}, or set {key}: false")
+    return problems
+
+
 def gpu_problems(model_args, training_args=None, has_cuda: bool | None = None) -> list[str]:
-    """Options that need a CUDA GPU when there is none, each with how to fix it; [] when all is fine."""
+    """Options that need a CUDA GPU when there is none, or on a GPU a package that is missing, each with how to fix
+    it; [] when all is fine."""
     if has_cuda is None:
         import torch
 
         has_cuda = torch.cuda.is_available()
     if has_cuda:
-        return []
+        return missing_packages(model_args, training_args)
     fix = "or run on a CUDA GPU"
     problems: list[str] = []
     for key in ("load_in_4bit", "load_in_8bit"):

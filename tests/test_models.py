@@ -196,7 +196,36 @@ def test_gpu_problems_on_cpu_name_each_option_and_fix():
     assert "attn_implementation: sdpa" in text and "use_cpu: true" in text
     assert "use_vllm: false" in text and "use_liger_kernel: false" in text and "deepspeed" in text
     assert "optim: adamw_torch" in text
-    assert gpu_problems(model_args, training, has_cuda=True) == []
+    # On a GPU, only options whose package is missing remain, each with the install command.
+    import importlib.util
+
+    from grpo_cli.models import OPTIONAL_PACKAGES
+
+    missing = [
+        key
+        for key, (module, _) in OPTIONAL_PACKAGES.items()
+        if (model_args.get(key) or training.get(key)) and importlib.util.find_spec(module) is None
+    ]
+    on_gpu = gpu_problems(model_args, training, has_cuda=True)
+    assert [problem.split(":")[0] for problem in on_gpu] == missing
+    assert all("pip install" in problem and ": false" in problem for problem in on_gpu)
+    assert gpu_problems({}, {"use_vllm": False, "bf16": True}, has_cuda=True) == []
+
+
+def test_a_missing_optional_package_is_named_with_its_install_command():
+    """`use_liger_kernel: true` without liger-kernel: one line naming the extra, not an ImportError deep in a run."""
+    import importlib.util
+
+    from grpo_cli.models import missing_packages
+
+    problems = missing_packages({}, {"use_liger_kernel": True, "use_vllm": True})
+    for key, module in (("use_liger_kernel", "liger_kernel"), ("use_vllm", "vllm")):
+        line = next((p for p in problems if p.startswith(key)), None)
+        if importlib.util.find_spec(module) is None:
+            assert line is not None and "grpo-cli[" in line
+        else:
+            assert line is None
+    assert missing_packages({"load_in_4bit": False}, {"use_liger_kernel": False}) == []
 
 
 def test_gpu_problems_accept_cpu_settings():
