@@ -337,8 +337,8 @@ def worker(spec_path: Path) -> None:
 # --------------------------------------------------------------------------------------------- the driver side
 
 
-def build_model(shape: str, tokenizer_dir: Path, out: Path, device: str) -> dict:
-    """A Qwen2 model of `shape` with seeded random weights, saved with the tokenizer; returns its sizes."""
+def build_model(shape: str, tokenizer_dir: Path, out: Path, device: str, seed: int = 0) -> dict:
+    """A Qwen2 model of `shape` with random weights from `seed`, saved with the tokenizer; returns its sizes."""
     import torch
     from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -353,7 +353,7 @@ def build_model(shape: str, tokenizer_dir: Path, out: Path, device: str) -> dict
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     with torch.device(device):
         model = Qwen2ForCausalLM(config).to(dtype)
     model.config.dtype = dtype

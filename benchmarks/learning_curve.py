@@ -2,7 +2,7 @@
 
     python benchmarks/learning_curve.py --out benchmarks/learning-curve-cpu.json      # about 2 minutes on 2 cores
 
-Both arms are TRL's GRPOTrainer with the same model (a small random-weight Qwen2 with the SmolLM2 tokenizer), data,
+Both arms are TRL's GRPOTrainer with the same model (grpo_bench's tiny random-weight Qwen2, SmolLM2 tokenizer), data,
 reward, optimizer and seed; they differ only in who samples the completions: TRL's `model.generate` (`trl`) or
 grpo's static-cache rollout function (`grpo`, grpo_cli/train/rollout.py, the code `grpo rl` runs on a GPU, where
 each decode step is also replayed from a CUDA graph). The reward is the share of vowels in the completion. Both
@@ -25,34 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.distributed.rewards import vowel_share  # noqa: E402
-
-
-def build_model(tokenizer, seed: int):
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return model
+from benchmarks.distributed.rewards import vowel_share
+from benchmarks.grpo_bench import build_model, tokenizer_folder
 
 
 def prompts_dataset(tokenizer, rows: int):
@@ -67,14 +41,15 @@ def prompts_dataset(tokenizer, rows: int):
     )
 
 
-def run_arm(arm: str, seed: int, args, tokenizer, data) -> list[float]:
-    """Mean reward of each step of one GRPO run."""
+def run_arm(arm: str, seed: int, args, model_dir: Path, tokenizer, data) -> list[float]:
+    """Mean reward of each step of one GRPO run of the model saved in `model_dir`."""
     from trl import GRPOConfig, GRPOTrainer
 
     from grpo_cli.train.rollout import StaticCacheRollout
 
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="grpo-curve-"),
+        model_init_kwargs={"dtype": "float32"},
         per_device_train_batch_size=args.prompts * args.generations,
         num_generations=args.generations,
         max_completion_length=args.length,
@@ -91,7 +66,7 @@ def run_arm(arm: str, seed: int, args, tokenizer, data) -> list[float]:
         disable_tqdm=True,
     )
     trainer = GRPOTrainer(
-        model=build_model(tokenizer, seed),
+        model=str(model_dir),
         reward_funcs=[vowel_share],
         args=config,
         train_dataset=data,
@@ -124,14 +99,18 @@ def main(argv: list[str] | None = None) -> None:
 
     quiet_libraries()
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    work = Path(tempfile.mkdtemp(prefix="grpo-curve-"))
+    tokenizer_dir = tokenizer_folder(None, work)
+    tokenizer = load_tokenizer(str(tokenizer_dir))
     data = prompts_dataset(tokenizer, args.prompts * (args.steps + 1))
     curves: dict[str, list[list[float]]] = {"trl": [], "grpo": []}
     started = time.perf_counter()
     for seed in range(args.seeds):
-        for arm in curves:
-            curve = run_arm(arm, seed, args, tokenizer, data)
-            curves[arm].append(curve)
+        model_dir = work / f"model-{seed}"
+        build_model("tiny", tokenizer_dir, model_dir, "cpu", seed=seed)
+        for arm, runs in curves.items():
+            curve = run_arm(arm, seed, args, model_dir, tokenizer, data)
+            runs.append(curve)
             print(f"seed {seed} {arm}: first {curve[0]:.3f} last {curve[-1]:.3f}", file=sys.stderr)
 
     late = {arm: [statistics.mean(c[-args.late :]) for c in runs] for arm, runs in curves.items()}
