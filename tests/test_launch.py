@@ -310,14 +310,16 @@ def test_relaunch_runs_under_accelerate(config, processes, capfd):
 
 
 PROBE = """
-import json
+import json, os
 from grpo_cli.launch import accelerate_config_from_env, is_launched, is_main_process, rank_prefix
-print(json.dumps({"launched": is_launched(), "main": is_main_process(), "prefix": rank_prefix(),
-                  "config": accelerate_config_from_env()}))
+report = {"launched": is_launched(), "main": is_main_process(), "prefix": rank_prefix(),
+          "config": accelerate_config_from_env()}
+with open(f"report-{os.environ['RANK']}.json", "w") as f:
+    json.dump(report, f)
 """
 
 
-def test_launched_processes_know_their_rank_and_config(tmp_path, capfd):
+def test_launched_processes_know_their_rank_and_config(tmp_path):
     """Inside `accelerate launch` (DeepSpeed launcher, 2 processes): ranks, one main process, ZeRO-3 seen."""
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
@@ -329,7 +331,8 @@ def test_launched_processes_know_their_rank_and_config(tmp_path, capfd):
         str(probe),
     ]
     assert subprocess.run(cmd, cwd=tmp_path).returncode == 0
-    reports = [json.loads(line) for line in capfd.readouterr().out.splitlines() if line.startswith("{")]
+    # One file per rank: two processes printing to one pipe can interleave their lines.
+    reports = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("report-*.json"))]
     assert len(reports) == 2 and all(r["launched"] for r in reports)
     assert sorted(r["prefix"] for r in reports) == ["[rank 0] ", "[rank 1] "]
     assert [r["main"] for r in reports].count(True) == 1
