@@ -264,7 +264,12 @@ def test_run_relaunch_passes_interrupts_on(tmp_path, signum, expected):
     child, ready = tmp_path / "child.py", tmp_path / "ready"
     child.write_text(CHILD)
     cmd = [sys.executable, str(child), str(ready)]
-    driver = f"import sys; from grpo_cli.launch import run_relaunch; sys.exit(run_relaunch({cmd!r}))"
+    # A shell that starts the tests in the background makes them ignore SIGINT, and children inherit that: the
+    # driver restores Python's usual Ctrl-C handling, as in a grpo started from a terminal.
+    driver = (
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        f"from grpo_cli.launch import run_relaunch; sys.exit(run_relaunch({cmd!r}))"
+    )
     process = subprocess.Popen([sys.executable, "-c", driver], start_new_session=True, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while not ready.exists() and process.poll() is None and time.monotonic() < deadline:
