@@ -398,6 +398,7 @@ def run_eval(
     from grpo_cli.recipe.show import guess_command
     from grpo_cli.rewards import build_reward_funcs
     from grpo_cli.tasks import get_task, load_task_dataset
+    from grpo_cli.train.memory import eval_out_of_memory_problem, is_out_of_memory
 
     problems = []
     if limit is not None and limit < 1:
@@ -442,7 +443,15 @@ def run_eval(
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         for spec in specs:
-            summary, samples = evaluate_model(spec, recipe, rows, task, reward_funcs, settings, progress)
+            try:
+                summary, samples = evaluate_model(spec, recipe, rows, task, reward_funcs, settings, progress)
+            except Exception as err:
+                if not is_out_of_memory(err):
+                    raise
+                problem = eval_out_of_memory_problem(
+                    spec.label, batch_size, num_generations, settings.max_new_tokens, err
+                )
+                raise UserError(problem) from None
             summaries.append(summary)
             all_samples.extend(samples)
 

@@ -289,3 +289,31 @@ def test_eval_on_gpu_in_bfloat16(recipe, silent_model_dir, tiny_adapter_dir, tmp
     silent, adapted = result["models"]
     assert (silent["accuracy"], silent["num_completions"]) == (pytest.approx(2 / 3), 6)
     assert adapted["num_prompts"] == 3 and set(adapted["pass_at_k"]) == {"1", "2"}
+
+
+def test_eval_out_of_memory_is_one_message_with_smaller_batches(recipe, tiny_model_dir, tmp_path, monkeypatch):
+    """Running out of GPU memory in generate (raised from the model's forward, where torch raises it)."""
+    import torch
+
+    from grpo_cli import models
+    from grpo_cli.errors import UserError
+
+    load_model = models.load_model
+
+    def load_then_hook(*args, **kwargs):
+        model = load_model(*args, **kwargs)
+
+        def out_of_memory(module, inputs):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.20 GiB.")
+
+        model.register_forward_pre_hook(out_of_memory)
+        return model
+
+    monkeypatch.setattr(models, "load_model", load_then_hook)
+    with pytest.raises(UserError) as caught:
+        run_eval(str(recipe), models=[str(tiny_model_dir)], num_generations=2, batch_size=4, output=str(tmp_path / "o"))
+    [problem] = caught.value.problems
+    assert problem.startswith(f"out of GPU memory evaluating {tiny_model_dir} (tried to allocate 1.20 GiB)")
+    assert "4 prompts x 2 completions at once, up to 4 tokens each" in problem
+    assert "`--batch-size 2`" in problem and "`--max-new-tokens 2`" in problem
+    assert not (tmp_path / "o").exists()  # nothing half-written

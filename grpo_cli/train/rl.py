@@ -13,6 +13,7 @@ from pathlib import Path
 from trl import GRPOTrainer
 
 from grpo_cli.recipe import Recipe, reward_names
+from grpo_cli.train.memory import explains_out_of_memory
 from grpo_cli.train.rollout import static_rollout
 from grpo_cli.train.run import TrainingRun
 
@@ -64,6 +65,7 @@ def conversational(reward_func):
     return scored
 
 
+@explains_out_of_memory
 def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path:
     """Train the recipe's model with GRPO; returns the folder holding the final model or adapter."""
     from grpo_cli.rewards import build_reward_funcs

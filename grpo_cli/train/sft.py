@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from grpo_cli.recipe import Recipe
+from grpo_cli.train.memory import explains_out_of_memory
 from grpo_cli.train.run import TrainingRun
 
 
+@explains_out_of_memory
 def run_sft(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path:
     """Fine-tune on the task's reference solutions in the target format; returns the folder of the final model."""
     from trl import SFTTrainer

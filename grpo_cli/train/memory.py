@@ -1,0 +1,189 @@
+"""Out of GPU memory: where a run ran out, and which recipe keys buy the memory back, instead of a traceback.
+
+The phase is read from the traceback (TRL's and transformers' function names); the advice uses the recipe's
+effective values, so each fix is a line to paste: halve the micro-batch and double the accumulation (the same
+completions per step), generate a step's completions in smaller batches, shorten completions, LoRA or 4-bit.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import traceback
+
+from grpo_cli.errors import UserError
+from grpo_cli.recipe import Recipe
+from grpo_cli.train.checkpoints import latest_checkpoint
+
+# Function names on the traceback that place a failure, most specific first (the optimizer: by torch/optim files).
+PHASES = (
+    ("generation", {"_generate", "_generate_single_turn", "sample_completions", "generate"}),
+    (
+        "scoring",
+        {"_generate_and_score_completions"},
+    ),  # log-probs of the batch without gradients (old policy, ref)
+    ("forward/backward", {"compute_loss", "backward", "training_step"}),
+)
+PHASE_TEXT = {
+    "generation": "while generating completions",
+    "scoring": "while computing the batch's log-probabilities (no gradients)",
+    "forward/backward": "in the policy's forward/backward",
+    "optimizer": "in the optimizer step",
+    "loading": "while loading the model onto the GPU",
+    "training": "during training",
+}
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    import torch
+
+    return isinstance(err, torch.OutOfMemoryError)
+
+
+def failure_phase(err: BaseException) -> str:
+    """Which part of a run raised `err`, from the function names on its traceback."""
+    frames = traceback.extract_tb(err.__traceback__)
+    names = {frame.name for frame in frames}
+    for phase, functions in PHASES:
+        if functions & names:
+            return phase
+    if any("/torch/optim/" in frame.filename.replace("\\", "/") for frame in frames):
+        return "optimizer"
+    return "training" if "train" in names else "loading"
+
+
+def _gpu_numbers(err: BaseException) -> str:
+    """What the GPU holds and what the failed allocation asked for, as far as torch tells."""
+    import torch
+
+    parts = []
+    asked = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", str(err))
+    if asked:
+        parts.append(f"tried to allocate {asked.group(1)}")
+    if torch.cuda.is_available():
+        device = torch.cuda.current_device()
+        total = torch.cuda.get_device_properties(device).total_memory / 2**30
+        peak = torch.cuda.max_memory_allocated(device) / 2**30
+        parts.append(f"GPU {device}: {total:.1f} GiB, tensors peaked at {peak:.1f} GiB")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _fragmented() -> bool:
+    """Whether much of the memory torch holds is reserved but free (fragmentation)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    reserved, allocated = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return reserved - allocated > 0.1 * total
+
+
+def memory_fixes(recipe: Recipe, phase: str) -> list[str]:
+    """Recipe changes that lower the memory of `phase`, with this recipe's numbers."""
+    values = recipe.resolved()
+
+    def places(*keys: str) -> str:
+        return "".join(
+            f", {place}" for place in dict.fromkeys(recipe.where(k) for k in keys) if place != "default"
+        )
+
+    def at(key: str) -> str:
+        return f" ({places(key)[2:]})" if places(key) else ""
+
+    micro = int(values.get("per_device_train_batch_size") or 8)
+    accumulation = int(values.get("gradient_accumulation_steps") or 1)
+    fixes = []
+    if phase == "generation":
+        per_generation = values.get("steps_per_generation") or accumulation
+        batch = values.get("generation_batch_size") or micro * per_generation
+        length = values.get("max_completion_length")
+        fixes.append(
+            f"the step generates {batch} completions per process at once, up to {length} tokens each "
+            f"(per_device_train_batch_size {micro} x steps_per_generation {per_generation}"
+            f"{places('per_device_train_batch_size', 'steps_per_generation', 'gradient_accumulation_steps')}); "
+            "their KV cache grows with both"
+        )
+        generations = int(values.get("num_generations") or 8)
+        if per_generation % 2 == 0 and (micro * per_generation // 2) % generations == 0:
+            fixes.append(
+                f"`steps_per_generation: {per_generation // 2}` generates them in batches of "
+                f"{micro * per_generation // 2} (the same completions and update per step)"
+            )
+        if length:
+            fixes.append(
+                f"`max_completion_length: {int(length) // 2}`{at('max_completion_length')} halves the cache"
+            )
+    if phase in ("forward/backward", "scoring", "training") and micro > 1:
+        fixes.append(
+            f"`per_device_train_batch_size: {micro // 2}` with `gradient_accumulation_steps: {accumulation * 2}` "
+            f"(now {micro} x {accumulation}{places('per_device_train_batch_size', 'gradient_accumulation_steps')}): "
+            "half the activations, the same completions per step"
+        )
+    if phase in ("forward/backward", "training") and values.get("gradient_checkpointing") is False:
+        fixes.append(
+            f"`gradient_checkpointing: true`{at('gradient_checkpointing')} recomputes activations instead of keeping them"
+        )
+    if phase == "scoring" and float(values.get("beta") or 0.0) > 0:
+        fixes.append(f"`beta: 0.0`{at('beta')} drops the reference model and its forward pass")
+    if phase in ("forward/backward", "optimizer", "loading", "training") and not values.get("use_peft"):
+        fixes.append(
+            "`use_peft: true` trains a LoRA adapter: no gradients or optimizer state for the full model"
+        )
+    if phase == "optimizer" and not values.get("use_peft"):
+        fixes.append("`optim: adamw_8bit` keeps the optimizer state in 8 bits (bitsandbytes)")
+    if phase == "loading" and not values.get("load_in_4bit"):
+        fixes.append("`load_in_4bit: true` with `use_peft: true` (QLoRA) loads the weights in 4 bits")
+    if phase in ("forward/backward", "optimizer", "loading", "training"):
+        fixes.append(
+            "several GPUs: `--num-processes N --accelerate-config zero3` shards weights and optimizer state"
+        )
+    if _fragmented():
+        fixes.append(
+            "much memory is reserved but free (fragmentation): add `PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True` "
+            "under the recipe's `env:`"
+        )
+    return fixes
+
+
+def out_of_memory_problem(recipe: Recipe, err: BaseException) -> str:
+    """One message: what ran out where, the fixes with this recipe's numbers, and what a rerun resumes from."""
+    phase = failure_phase(err)
+    lines = [f"out of GPU memory {PHASE_TEXT[phase]}{_gpu_numbers(err)}. To fit:"]
+    lines += [f"    - {fix}" for fix in memory_fixes(recipe, phase)]
+    output_dir = recipe.values.get("output_dir")
+    checkpoint = latest_checkpoint(output_dir) if output_dir else None
+    if checkpoint:
+        lines.append(f"  The run can resume from {checkpoint} (the same command; the keys above may change).")
+    else:
+        lines.append("  No checkpoint was saved before it ran out.")
+    return "\n".join(lines)
+
+
+def explains_out_of_memory(run):
+    """Decorate `run_rl`/`run_sft`: running out of GPU memory becomes one UserError with fixes (exit code 2)."""
+
+    @functools.wraps(run)
+    def wrapper(recipe: Recipe, *args, **kwargs):
+        try:
+            return run(recipe, *args, **kwargs)
+        except Exception as err:
+            if not is_out_of_memory(err):
+                raise
+            problem = out_of_memory_problem(recipe, err)
+            raise UserError(problem) from None
+
+    return wrapper
+
+
+def eval_out_of_memory_problem(model: str, batch_size: int, num_generations: int, max_new_tokens: int, err) -> str:
+    """`grpo eval` ran out: each batch generates batch_size x num_generations completions at once."""
+    lines = [
+        f"out of GPU memory evaluating {model}{_gpu_numbers(err)}: each batch generates {batch_size} prompts x "
+        f"{num_generations} completions at once, up to {max_new_tokens} tokens each. To fit:"
+    ]
+    if batch_size > 1:
+        lines.append(f"    - `--batch-size {batch_size // 2}` (the same results, smaller batches)")
+    lines.append(f"    - `--max-new-tokens {max(1, max_new_tokens // 2)}` (shorter completions)")
+    return "\n".join(lines)
+
