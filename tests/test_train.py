@@ -174,6 +174,7 @@ def test_cpu_defaults_fill_only_unset_keys(tmp_path, monkeypatch):
     assert recipe.values["cache_implementation"] == "static"  # grpo's GPU default
     cpu_defaults(recipe)
     assert recipe.values["bf16"] is False and recipe.values["use_cpu"] is True
+    assert recipe.values["dataloader_pin_memory"] is False
     assert "cache_implementation" not in recipe.values
     assert recipe.where("bf16") == "grpo default (no GPU)"
     chosen = load_recipe(None, ["--bf16", "true", "--use_cpu", "false", "--cache_implementation", "static"], "rl")

@@ -41,6 +41,8 @@ def cpu_defaults(recipe: Recipe) -> None:
 
     if "bf16" not in recipe.values:
         default("bf16", False)  # TRL turns bf16 mixed precision on by default, which a CPU cannot run
+    if "dataloader_pin_memory" not in recipe.values:
+        default("dataloader_pin_memory", False)  # pinned memory is for copies to a GPU; torch warns without one
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "use_cpu" not in recipe.values:
         default("use_cpu", True)  # several CPU processes (torchrun, accelerate): without it each trains alone
     if recipe.locations.get("cache_implementation") == "grpo default":
