@@ -159,6 +159,42 @@ def test_rollout_ends_at_eos_and_top_k_one_is_greedy():
     assert len(ended[0]) <= 3
 
 
+def test_rollout_in_parts_samples_what_one_batch_samples():
+    """A generation batch too large for the GPU's free memory is sampled in parts: greedy (top-k 1), so the parts
+    must give token for token what one batch gives, left padding included."""
+    from grpo_cli.train.rollout import Sampling, sample_completions
+
+    model = tiny_model("llama")
+    prompts = PROMPTS + [p[::-1] for p in PROMPTS] + [[20, 21, 22, 23]]  # 9 prompts: parts of 4, 4 and 1
+    whole = sample_completions(model, prompts, 10, eos_token_ids=[3], pad_token_id=0, sampling=Sampling(top_k=1))
+    parts = sample_completions(
+        model, prompts, 10, eos_token_ids=[3], pad_token_id=0, sampling=Sampling(top_k=1), max_rows=4
+    )
+    assert parts[0] == whole[0] and len(parts[0]) == 9
+    assert max(abs(a - b) for x, y in zip(parts[1], whole[1]) for a, b in zip(x, y)) < 1e-5
+    assert len({tuple(c) for c in whole[0]}) > 1  # the prompts lead to different completions
+
+
+def test_rollout_memory_estimate_covers_the_cache_it_allocates():
+    import torch
+
+    from grpo_cli.train import rollout
+
+    model = tiny_model("qwen2")
+    prompt_len, new = 7, 40
+    decoder = rollout._Decoder(
+        model, 3, prompt_len + new, torch.zeros(3, dtype=torch.long), torch.device("cpu"), torch.float32
+    )
+    cache_per_row = sum(t.nbytes for t in decoder.keys + decoder.values) // 3
+    estimate = rollout.row_bytes(model, prompt_len, new)
+    assert cache_per_row < estimate < cache_per_row + 300 * 4 * 8 + prompt_len * 1024 * 4  # + logits, prefill
+    # Rows that fit: whole multiples of 8 from 8 up, at least one however little is free.
+    per_row = estimate / rollout.ROLLOUT_MEMORY_SHARE
+    assert rollout.rows_that_fit(model, prompt_len, new, int(per_row * 21)) == 16
+    assert rollout.rows_that_fit(model, prompt_len, new, int(per_row * 5) + 1) == 5
+    assert rollout.rows_that_fit(model, prompt_len, new, 10) == 1
+
+
 def test_models_the_rollout_does_not_cover_are_named():
     from grpo_cli.train.rollout import unsupported_reason
 

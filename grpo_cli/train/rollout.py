@@ -26,6 +26,9 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # Tokens of cache per decode graph: a step attends over the stretches in use, not over the whole cache.
 KV_STRETCH = 256
 ALL_DONE_CHECK_EVERY = 32  # decode steps between checks whether every completion has ended (a device sync)
+# Share of the GPU memory free at rollout time that one generation batch's cache and buffers may take; a larger
+# batch is sampled in parts that fit (each row is drawn on its own either way: the same sampling, more time).
+ROLLOUT_MEMORY_SHARE = 0.8
 
 
 @dataclass
@@ -191,6 +194,40 @@ class _GraphSteps:
 _GRAPHS_BROKEN: list[str] = []  # set once a graph replay disagreed with the eager step: eager from then on
 
 
+def row_bytes(model, prompt_len: int, max_new_tokens: int) -> int:
+    """GPU memory one prompt's row of a rollout takes: its KV cache, logits buffers and prefill activations."""
+    config = model.config
+    attn = model.model.layers[0].self_attn
+    dtype_bytes = model.model.embed_tokens.weight.element_size()
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    max_len = prompt_len + max_new_tokens
+    cache = 2 * config.num_hidden_layers * kv_heads * attn.head_dim * dtype_bytes * max_len
+    graphs = -(-max_len // KV_STRETCH)  # each decode graph keeps its own logits output
+    logits = config.vocab_size * (dtype_bytes * (graphs + 1) + 4 * 4)  # + float32 sampling temporaries
+    width = (
+        3 * config.intermediate_size + 4 * config.hidden_size + 3 * config.num_attention_heads * attn.head_dim
+    )
+    return cache + logits + prompt_len * width * dtype_bytes
+
+
+def free_gpu_bytes(device) -> int:
+    """Bytes this process can still allocate on `device`: free on the card, plus what torch caches unused, within
+    any per-process limit (`torch.cuda.set_per_process_memory_fraction`)."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info(device)
+    reserved, allocated = torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _device: 1.0)(device)
+    return int(min(free + reserved - allocated, fraction * total - allocated))
+
+
+def rows_that_fit(model, prompt_len: int, max_new_tokens: int, free_bytes: int) -> int:
+    """How many prompts one rollout batch may hold in ROLLOUT_MEMORY_SHARE of `free_bytes` (at least 1; a multiple
+    of 8 from 8 up, for the matrix kernels)."""
+    rows = int(ROLLOUT_MEMORY_SHARE * free_bytes // row_bytes(model, prompt_len, max_new_tokens))
+    return max(1, rows // 8 * 8 if rows >= 8 else rows)
+
+
 def _processed_logprobs(logits, sampling: Sampling):
     """float32 log-probabilities after temperature, top-k, top-p and min-p, as transformers' warpers apply them."""
     import torch
@@ -222,9 +259,29 @@ def sample_completions(
     pad_token_id: int,
     sampling: Sampling | None = None,
     cuda_graphs: bool = True,
+    max_rows: int | None = None,
 ) -> tuple[list[list[int]], list[list[float]]]:
-    """Sample one completion per prompt: token ids up to and including the first EOS, and each token's log-prob."""
+    """Sample one completion per prompt: token ids up to and including the first EOS, and each token's log-prob.
+
+    With `max_rows`, the prompts are sampled in consecutive parts of at most that many (less memory at once).
+    """
     import torch
+
+    if max_rows is not None and len(prompt_ids) > max_rows:
+        completions, logprobs = [], []
+        for start in range(0, len(prompt_ids), max_rows):
+            part = sample_completions(
+                model,
+                prompt_ids[start : start + max_rows],
+                max_new_tokens,
+                eos_token_ids,
+                pad_token_id,
+                sampling,
+                cuda_graphs,
+            )
+            completions += part[0]
+            logprobs += part[1]
+        return completions, logprobs
 
     sampling = sampling or Sampling()
     device = model.lm_head.weight.device
@@ -326,6 +383,28 @@ class StaticCacheRollout:
 
     def __init__(self):
         self.reported = False
+        self.reported_parts = False
+
+    def max_rows(self, model, prompt_ids: list[list[int]], max_new_tokens: int) -> int | None:
+        """Prompts per part when the whole generation batch would not fit in the GPU memory free now (else None)."""
+        device = model.lm_head.weight.device
+        if device.type != "cuda":
+            return None
+        prompt_len = max(len(ids) for ids in prompt_ids)
+        free = free_gpu_bytes(device)
+        rows = rows_that_fit(model, prompt_len, max_new_tokens, free)
+        if rows >= len(prompt_ids):
+            return None
+        if not self.reported_parts:
+            self.reported_parts = True
+            logger.info(
+                "sampling %d completions in parts of %d: the cache of all of them at once would not fit in the "
+                "%.1f GiB of GPU memory free (each completion is sampled as in one batch; parts take longer)",
+                len(prompt_ids),
+                rows,
+                free / 2**30,
+            )
+        return rows
 
     def __call__(self, prompts: list, trainer) -> dict:
         prompt_ids, images, fields = trainer._tokenize_prompts(prompts)
@@ -339,13 +418,15 @@ class StaticCacheRollout:
             completion_ids, _ = trainer._generate_single_turn(prompt_ids, images, fields, generations)
         else:
             sampling = Sampling(trainer.temperature, trainer.top_k, trainer.top_p, trainer.min_p)
+            policy = _policy(trainer)
             completion_ids, _ = sample_completions(
-                _policy(trainer),
+                policy,
                 prompt_ids,
                 trainer.max_completion_length,
                 list(trainer.eos_token_ids),
                 trainer._tokenizer.pad_token_id,
                 sampling,
+                max_rows=self.max_rows(policy, prompt_ids, trainer.max_completion_length),
             )
         # No sampling log-probs: TRL would then use them in place of its own (off-policy masks), changing the loss.
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
