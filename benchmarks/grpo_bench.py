@@ -131,7 +131,17 @@ def _install_timers(record: dict, out: Path, steps: int, profile: str = "") -> N
         }
 
     pending = fresh()
-    clock = {"last": None, "profiler": None}
+    clock = {"last": None, "profiler": None, "peak": 0}
+
+    def phase_peak(phase: str) -> None:
+        """Charge the peak memory since the last call to `phase` of the current step, then start a new window."""
+        if not cuda:
+            return
+        peak = torch.cuda.max_memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        clock["peak"] = max(clock["peak"], peak)  # the process's peak, model load included
+        key = f"peak_{phase}_bytes"
+        pending[key] = max(pending.get(key, 0), peak)
     generate, calculate_rewards = GRPOTrainer._generate, GRPOTrainer._calculate_rewards
     prepare, training_step = GRPOTrainer._generate_and_score_completions, GRPOTrainer.training_step
     step_begin, step_end, on_log = (
@@ -143,8 +153,10 @@ def _install_timers(record: dict, out: Path, steps: int, profile: str = "") -> N
 
     def timed_generate(self, prompts):
         start = now()
+        phase_peak("prepare")
         output = generate(self, prompts)
         pending["generate_s"] += now() - start
+        phase_peak("generate")
         prompt_ids, completion_ids = output[0], output[1]
         pending["completion_tokens"] += sum(len(c) for c in completion_ids)
         pending["decode_steps"] += max(len(c) for c in completion_ids)
@@ -174,8 +186,10 @@ def _install_timers(record: dict, out: Path, steps: int, profile: str = "") -> N
 
     def timed_training_step(self, *args, **kwargs):  # one micro-batch: forward, loss, backward
         start = now()
+        phase_peak("other")
         output = training_step(self, *args, **kwargs)
         pending["train_s"] += now() - start
+        phase_peak("train")  # the forward/backward, and the batch preparation after generation when it ran here
         return output
 
     def logged(self, args, state, control, logs=None, **kwargs):
@@ -191,11 +205,13 @@ def _install_timers(record: dict, out: Path, steps: int, profile: str = "") -> N
 
     def on_step_end(self, *args, **kwargs):
         end = now()
+        phase_peak("other")  # the optimizer step, clipping, the scheduler
         step = {"step_s": end - clock["last"], **pending}
         step["train_s"] -= step["prepare_s"]  # TRL prepares (generates) the batch inside a training step
         step["prepare_s"] -= step["generate_s"] + step["reward_s"]
         if cuda:
-            step["peak_bytes"] = torch.cuda.max_memory_allocated()
+            step["peak_bytes"] = clock["peak"]
+            step["allocated_bytes"] = torch.cuda.memory_allocated()  # what stays between steps
         if clock["profiler"] is not None:
             clock["profiler"].stop()
             step["profiled"] = True
@@ -327,6 +343,11 @@ def worker(spec_path: Path) -> None:
     out = Path(spec["out"])
     record = {"status": "starting", "steps": []}
     _write_json(out, record)
+    if spec.get("memory_limit_gib"):  # a smaller card: allocations past the limit fail as out of memory
+        import torch
+
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, spec["memory_limit_gib"] * 2**30 / total))
     _install_timers(record, out, spec["steps"], spec.get("profile", ""))
     work = Path(tempfile.mkdtemp(prefix="grpo-bench-"))
     (run_trl if spec["side"] == "trl" else run_grpo)(spec, work / "run")
@@ -488,6 +509,13 @@ def summarize(result: dict, warmup: int, bandwidth: float | None) -> dict:
     peaks = [s["peak_bytes"] for s in result["steps"] if "peak_bytes" in s]
     if peaks:
         summary["peak_gib"] = max(peaks) / 2**30
+    for phase in ("generate", "prepare", "train", "other"):  # where a timed step's peak lies
+        values = [s[f"peak_{phase}_bytes"] for s in steps if f"peak_{phase}_bytes" in s]
+        if values:
+            summary[f"peak_{phase}_gib"] = max(values) / 2**30
+    kept = [s["allocated_bytes"] for s in steps if "allocated_bytes" in s]
+    if kept:
+        summary["between_steps_gib"] = max(kept) / 2**30
     return summary
 
 
@@ -514,9 +542,11 @@ def _run_worker(spec: dict, cap: float, log: Path) -> dict:
     if code == "cap":
         result["status"] = f"stopped at its {cap:.0f} s cap after {len(result['steps'])} step(s)"
     elif result.get("status") != "done":
-        tail = log.read_text(errors="replace").strip().splitlines()[-15:]
-        result["status"] = f"failed (exit {code})"
-        result["log_tail"] = tail
+        text = log.read_text(errors="replace")
+        # torch's error on the plain TRL side; grpo's own message (the same error, explained) on the other
+        out_of_memory = any(m in text for m in ("OutOfMemoryError", "CUDA out of memory", "out of GPU memory"))
+        result["status"] = "out of memory" if out_of_memory else f"failed (exit {code})"
+        result["log_tail"] = text.strip().splitlines()[-15:]
     return result
 
 
@@ -542,6 +572,7 @@ def print_table(results: list[dict]) -> None:
         "ms/decode",
         "BW share",
         "peak GiB",
+        "gen/train peak",
         "speedup",
         "status",
     ):
@@ -571,6 +602,7 @@ def print_table(results: list[dict]) -> None:
             fmt(s.get("decode_ms")),
             fmt(s.get("bandwidth_share"), "{:.1%}"),
             fmt(s.get("peak_gib")),
+            f"{fmt(s.get('peak_generate_gib'))}/{fmt(s.get('peak_train_gib'))}",
             fmt(r.get("speedup"), "{:.2f}x"),
             r.get("status", ""),
         )
@@ -611,6 +643,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--learning-rate", type=float, help="learning rate of every configuration (default: each side's own)"
+    )
+    parser.add_argument(
+        "--memory-limit-gib",
+        type=float,
+        help="cap every configuration's GPU memory (a smaller card): the longest completion that fits",
     )
     parser.add_argument("--profile", default="", help="comma-separated configs whose third step is profiled")
     parser.add_argument("--out", default="benchmarks/results.json")
@@ -657,6 +694,7 @@ def main(argv: list[str] | None = None) -> None:
         "per_step": {"prompts": prompts, "generations": generations, "warmup_steps": args.warmup},
         "rewards": rewards,
         "training": training,
+        "memory_limit_gib": args.memory_limit_gib,
         "results": [],
     }
     import transformers
@@ -708,6 +746,7 @@ def main(argv: list[str] | None = None) -> None:
             "micro_batch": micro_batch,
             "rewards": rewards,
             "training": training,
+            "memory_limit_gib": args.memory_limit_gib,
             "profile": str(out.parent / f"{shape}-{length}-{config}.profile.txt")
             if config in profile
             else "",
