@@ -53,9 +53,13 @@ def test_out_of_memory_while_generating(monkeypatch, tmp_path, tiny_model_dir):
     )
     assert problem.startswith("out of GPU memory while generating completions (tried to allocate 2.50 GiB)")
     # 4 per micro-batch x 2 accumulation steps = 8 completions per generation, 4 per prompt: halving stays whole
-    assert "generates 8 completions per process at once, up to 12 tokens each" in problem
+    yaml = tmp_path / "rl.yaml"
+    assert (
+        f"each process generates 8 completions at once (per_device_train_batch_size 4 x steps_per_generation 2, "
+        f"{yaml}:11, {yaml}:19), up to 12 tokens each. To fit:" in problem
+    )
     assert "`steps_per_generation: 1` generates them in batches of 4" in problem
-    assert "`max_completion_length: 6`" in problem and "rl.yaml:" in problem  # where the key is set
+    assert f"`max_completion_length: 6` ({yaml}:17)" in problem  # where the key is set
     assert "No checkpoint was saved" in problem
 
 

@@ -8,6 +8,7 @@ completions per step), generate a step's completions in smaller batches, shorten
 from __future__ import annotations
 
 import functools
+import os
 import re
 import traceback
 
@@ -79,68 +80,87 @@ def _fragmented() -> bool:
     return reserved - allocated > 0.1 * total
 
 
+def _places(recipe: Recipe, *keys: str) -> str:
+    """ ", file:line" for each of `keys` the recipe or the command line sets."""
+    places = dict.fromkeys(recipe.where(key) for key in keys)
+    return "".join(f", {place}" for place in places if place != "default")
+
+
+def _generation_batch(recipe: Recipe) -> tuple[int, int, int]:
+    """(completions each process generates at once, per_device_train_batch_size, steps_per_generation)."""
+    values = recipe.resolved()
+    micro = int(values.get("per_device_train_batch_size") or 8)
+    if values.get("generation_batch_size"):  # TRL's is global: every process generates its share
+        per_generation = (
+            int(values["generation_batch_size"]) // int(os.environ.get("WORLD_SIZE", "1")) // micro
+        )
+    else:
+        per_generation = int(
+            values.get("steps_per_generation") or values.get("gradient_accumulation_steps") or 1
+        )
+    return micro * per_generation, micro, per_generation
+
+
 def memory_fixes(recipe: Recipe, phase: str) -> list[str]:
-    """Recipe changes that lower the memory of `phase`, with this recipe's numbers."""
+    """Recipe changes that lower the memory of `phase`, with this recipe's numbers and where they are set."""
     values = recipe.resolved()
 
-    def places(*keys: str) -> str:
-        return "".join(
-            f", {place}" for place in dict.fromkeys(recipe.where(k) for k in keys) if place != "default"
-        )
-
     def at(key: str) -> str:
-        return f" ({places(key)[2:]})" if places(key) else ""
+        return f" ({_places(recipe, key)[2:]})" if _places(recipe, key) else ""
 
     micro = int(values.get("per_device_train_batch_size") or 8)
     accumulation = int(values.get("gradient_accumulation_steps") or 1)
+    length_key = "max_completion_length" if recipe.command == "rl" else "max_length"
+    length = values.get(length_key)
+    full_model = not values.get("use_peft")
     fixes = []
     if phase == "generation":
-        per_generation = values.get("steps_per_generation") or accumulation
-        batch = values.get("generation_batch_size") or micro * per_generation
-        length = values.get("max_completion_length")
-        fixes.append(
-            f"the step generates {batch} completions per process at once, up to {length} tokens each "
-            f"(per_device_train_batch_size {micro} x steps_per_generation {per_generation}"
-            f"{places('per_device_train_batch_size', 'steps_per_generation', 'gradient_accumulation_steps')}); "
-            "their KV cache grows with both"
-        )
+        _, micro, per_generation = _generation_batch(recipe)
         generations = int(values.get("num_generations") or 8)
-        if per_generation % 2 == 0 and (micro * per_generation // 2) % generations == 0:
+        if (
+            not values.get("generation_batch_size")
+            and per_generation % 2 == 0
+            and (micro * per_generation // 2) % generations == 0
+        ):
             fixes.append(
                 f"`steps_per_generation: {per_generation // 2}` generates them in batches of "
                 f"{micro * per_generation // 2} (the same completions and update per step)"
             )
-        if length:
-            fixes.append(
-                f"`max_completion_length: {int(length) // 2}`{at('max_completion_length')} halves the cache"
-            )
     if phase in ("forward/backward", "scoring", "training") and micro > 1:
         fixes.append(
             f"`per_device_train_batch_size: {micro // 2}` with `gradient_accumulation_steps: {accumulation * 2}` "
-            f"(now {micro} x {accumulation}{places('per_device_train_batch_size', 'gradient_accumulation_steps')}): "
+            f"(now {micro} x {accumulation}{_places(recipe, 'per_device_train_batch_size', 'gradient_accumulation_steps')}): "
             "half the activations, the same completions per step"
         )
+    if phase in ("generation", "forward/backward", "scoring", "training") and length:
+        fixes.append(f"`{length_key}: {int(length) // 2}`{at(length_key)}: half the tokens per sequence")
     if phase in ("forward/backward", "training") and values.get("gradient_checkpointing") is False:
         fixes.append(
-            f"`gradient_checkpointing: true`{at('gradient_checkpointing')} recomputes activations instead of keeping them"
+            f"`gradient_checkpointing: true`{at('gradient_checkpointing')} recomputes activations instead of "
+            "keeping them"
         )
     if phase == "scoring" and float(values.get("beta") or 0.0) > 0:
         fixes.append(f"`beta: 0.0`{at('beta')} drops the reference model and its forward pass")
-    if phase in ("forward/backward", "optimizer", "loading", "training") and not values.get("use_peft"):
+    if phase in ("forward/backward", "optimizer", "loading", "training") and full_model:
         fixes.append(
             "`use_peft: true` trains a LoRA adapter: no gradients or optimizer state for the full model"
         )
-    if phase == "optimizer" and not values.get("use_peft"):
+    if phase == "optimizer" and full_model:
         fixes.append("`optim: adamw_8bit` keeps the optimizer state in 8 bits (bitsandbytes)")
     if phase == "loading" and not values.get("load_in_4bit"):
         fixes.append("`load_in_4bit: true` with `use_peft: true` (QLoRA) loads the weights in 4 bits")
     if phase in ("forward/backward", "optimizer", "loading", "training"):
-        fixes.append(
-            "several GPUs: `--num-processes N --accelerate-config zero3` shards weights and optimizer state"
-        )
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            fixes.append(
+                "`--accelerate-config zero3_offload` keeps optimizer state and weights in CPU memory"
+            )
+        else:
+            fixes.append(
+                "several GPUs: `--num-processes N --accelerate-config zero3` shards weights and optimizer state"
+            )
     if _fragmented():
         fixes.append(
-            "much memory is reserved but free (fragmentation): add `PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True` "
+            "much memory is reserved but free (fragmentation): `PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True` "
             "under the recipe's `env:`"
         )
     return fixes
@@ -149,8 +169,18 @@ def memory_fixes(recipe: Recipe, phase: str) -> list[str]:
 def out_of_memory_problem(recipe: Recipe, err: BaseException) -> str:
     """One message: what ran out where, the fixes with this recipe's numbers, and what a rerun resumes from."""
     phase = failure_phase(err)
-    lines = [f"out of GPU memory {PHASE_TEXT[phase]}{_gpu_numbers(err)}. To fit:"]
-    lines += [f"    - {fix}" for fix in memory_fixes(recipe, phase)]
+    head = f"out of GPU memory {PHASE_TEXT[phase]}{_gpu_numbers(err)}"
+    if phase == "generation":
+        batch, micro, per_generation = _generation_batch(recipe)
+        where = _places(
+            recipe, "per_device_train_batch_size", "steps_per_generation", "gradient_accumulation_steps"
+        )
+        head += (
+            f": each process generates {batch} completions at once (per_device_train_batch_size {micro} x "
+            f"steps_per_generation {per_generation}{where}), up to "
+            f"{recipe.resolved().get('max_completion_length')} tokens each"
+        )
+    lines = [f"{head}. To fit:"] + [f"    - {fix}" for fix in memory_fixes(recipe, phase)]
     output_dir = recipe.values.get("output_dir")
     checkpoint = latest_checkpoint(output_dir) if output_dir else None
     if checkpoint:
@@ -176,14 +206,16 @@ def explains_out_of_memory(run):
     return wrapper
 
 
-def eval_out_of_memory_problem(model: str, batch_size: int, num_generations: int, max_new_tokens: int, err) -> str:
+def eval_out_of_memory_problem(
+    model: str, batch_size: int, num_generations: int, max_new_tokens: int, err
+) -> str:
     """`grpo eval` ran out: each batch generates batch_size x num_generations completions at once."""
-    lines = [
+    head = (
         f"out of GPU memory evaluating {model}{_gpu_numbers(err)}: each batch generates {batch_size} prompts x "
         f"{num_generations} completions at once, up to {max_new_tokens} tokens each. To fit:"
-    ]
+    )
+    lines = [head]
     if batch_size > 1:
         lines.append(f"    - `--batch-size {batch_size // 2}` (the same results, smaller batches)")
     lines.append(f"    - `--max-new-tokens {max(1, max_new_tokens // 2)}` (shorter completions)")
     return "\n".join(lines)
-
