@@ -18,6 +18,11 @@ from grpo_cli.atomic import write_text
 from grpo_cli.errors import UserError
 
 _TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model")
+# Prompts per generation call when --batch-size is not given: transformers' generate, grpo's sampler on a GPU
+# (which samples a call in parts when it would not fit in the free GPU memory).
+GENERATE_BATCH_PROMPTS = 8
+STATIC_BATCH_PROMPTS = 64
+STATIC_ENGINE = "grpo static-cache sampler"
 
 
 @dataclass
@@ -29,7 +34,7 @@ class EvalSettings:
     num_generations: int
     temperature: float
     top_p: float
-    batch_size: int
+    batch_size: int | None  # prompts per generation call (None: the engine's default)
     max_new_tokens: int
     seed: int
     use_vllm: bool = False
@@ -223,20 +228,89 @@ def _completion_length(ids: list[int], eos_ids: set[int], pad_id: int | None) ->
 
 def _generate_transformers(
     spec, model_args, tokenizer, prompt_ids, settings, advance
-) -> list[list[tuple[str, int]]]:
-    """K completions (text, token count) per prompt with transformers' generate, batched, left-padded."""
+) -> tuple[list[list[tuple[str, int]]], str]:
+    """K completions (text, token count) per prompt, and the engine: on a GPU grpo's static-cache sampler (the one
+    that samples training's rollouts), else transformers' generate; batched, left-padded."""
     import copy
 
-    import torch
     from transformers import set_seed
 
     from grpo_cli.models import load_model, quiet_progress_bars
+    from grpo_cli.train.memory import eval_out_of_memory_problem, is_out_of_memory
 
     with quiet_progress_bars():
         model = load_model(spec.model, model_args, adapter=spec.adapter)
     config = copy.deepcopy(model.generation_config)
     eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
-    eos = [e for e in eos + [tokenizer.eos_token_id] if e is not None]
+    eos = list(dict.fromkeys(e for e in eos + [tokenizer.eos_token_id] if e is not None))
+    set_seed(settings.seed)
+    sampler = rollout_model(model)
+    per_call = settings.batch_size or (STATIC_BATCH_PROMPTS if sampler else GENERATE_BATCH_PROMPTS)
+    try:
+        if sampler is not None:
+            return _sample_static(
+                sampler, tokenizer, prompt_ids, settings, per_call, eos, advance
+            ), STATIC_ENGINE
+        return _generate_batches(model, config, tokenizer, prompt_ids, settings, per_call, eos, advance), (
+            "transformers generate"
+        )
+    except Exception as err:
+        if not is_out_of_memory(err):
+            raise
+        problem = eval_out_of_memory_problem(
+            spec.label, per_call, settings.num_generations, settings.max_new_tokens, err
+        )
+        raise UserError(problem) from None
+    finally:
+        del model, sampler
+
+
+def rollout_model(model):
+    """The model grpo's static-cache sampler can run (LoRA layers in place), or None: on the CPU (where generate
+    is faster), split over several devices, or of an architecture the sampler does not cover."""
+    from grpo_cli.train.rollout import unsupported_reason
+
+    core = model.get_base_model() if hasattr(model, "get_base_model") else model
+    devices = {p.device for p in core.parameters()}
+    if len(devices) != 1 or next(iter(devices)).type != "cuda" or unsupported_reason(core):
+        return None
+    return core
+
+
+def _sample_static(
+    model, tokenizer, prompt_ids, settings, per_call, eos, advance
+) -> list[list[tuple[str, int]]]:
+    """K completions per prompt from grpo's static-cache sampler, `per_call` prompts at a time."""
+    from grpo_cli.train.rollout import Sampling, free_gpu_bytes, rows_that_fit, sample_completions
+
+    sampling = Sampling(greedy=True) if settings.greedy else Sampling(settings.temperature, 0, settings.top_p)
+    k = settings.num_generations
+    device = model.lm_head.weight.device
+    results: list[list[tuple[str, int]]] = []
+    for start in range(0, len(prompt_ids), per_call):
+        batch = prompt_ids[start : start + per_call]
+        # Each prompt's K samples side by side, in the order generate's num_return_sequences gives them.
+        rows = [ids for ids in batch for _ in range(k)]
+        fit = None  # all rows at once, or as many as fit in the free GPU memory
+        if device.type == "cuda":
+            longest = max(len(ids) for ids in rows)
+            fit = rows_that_fit(model, longest, settings.max_new_tokens, free_gpu_bytes(device))
+        completions, _ = sample_completions(
+            model, rows, settings.max_new_tokens, eos, tokenizer.pad_token_id, sampling, max_rows=fit
+        )
+        for p in range(len(batch)):
+            group = completions[p * k : (p + 1) * k]
+            results.append([(tokenizer.decode(ids, skip_special_tokens=True), len(ids)) for ids in group])
+        advance(len(batch))
+    return results
+
+
+def _generate_batches(
+    model, config, tokenizer, prompt_ids, settings, per_call, eos, advance
+) -> list[list[tuple[str, int]]]:
+    """K completions per prompt from transformers' generate, `per_call` prompts at a time."""
+    import torch
+
     sampling = {"temperature": settings.temperature, "top_p": settings.top_p, "top_k": None}
     if settings.greedy:
         sampling = {"temperature": None, "top_p": None, "top_k": None}
@@ -244,15 +318,14 @@ def _generate_transformers(
         do_sample=not settings.greedy,
         num_return_sequences=settings.num_generations,
         max_new_tokens=settings.max_new_tokens,
-        eos_token_id=list(dict.fromkeys(eos)),
+        eos_token_id=eos,
         pad_token_id=tokenizer.pad_token_id,
         **sampling,
     )
-    set_seed(settings.seed)
     device = next(model.parameters()).device
     results: list[list[tuple[str, int]]] = []
-    for start in range(0, len(prompt_ids), settings.batch_size):
-        batch = prompt_ids[start : start + settings.batch_size]
+    for start in range(0, len(prompt_ids), per_call):
+        batch = prompt_ids[start : start + per_call]
         width = max(len(ids) for ids in batch)
         pad = tokenizer.pad_token_id
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=device)
@@ -269,12 +342,13 @@ def _generate_transformers(
                 ]
             )
         advance(len(batch))
-    del model
     return results
 
 
-def _generate_vllm(spec, model_args, tokenizer, prompt_ids, settings, advance) -> list[list[tuple[str, int]]]:
-    """K completions (text, token count) per prompt with vLLM (the adapter served as a LoRA request)."""
+def _generate_vllm(
+    spec, model_args, tokenizer, prompt_ids, settings, advance
+) -> tuple[list[list[tuple[str, int]]], str]:
+    """K completions (text, token count) per prompt with vLLM (the adapter served as a LoRA request), and "vllm"."""
     try:
         from vllm import LLM, SamplingParams
         from vllm.lora.request import LoRARequest
@@ -305,7 +379,7 @@ def _generate_vllm(spec, model_args, tokenizer, prompt_ids, settings, advance) -
     results = [[(o.text, len(o.token_ids)) for o in out.outputs] for out in outputs]
     del llm  # shuts the engine down so the next model gets the GPU memory
     gc.collect()
-    return results
+    return results, "vllm"
 
 
 # ------------------------------------------------------------------------------------------------- driver
@@ -350,7 +424,7 @@ def evaluate_model(
             progress.advance(task_id, n)
 
     generate = _generate_vllm if settings.use_vllm else _generate_transformers
-    groups = generate(spec, model_args, tokenizer, prompt_ids, settings, advance)
+    groups, engine = generate(spec, model_args, tokenizer, prompt_ids, settings, advance)
     flat_rows = [rows[i] for i, group in zip(kept, groups) for _ in group]
     flat = [completion for group in groups for completion in group]
     scored = score_completions(task, reward_funcs, flat_rows, [text for text, _ in flat])
@@ -373,6 +447,7 @@ def evaluate_model(
     names = [f.__name__ for f in reward_funcs]
     weights = recipe.values.get("reward_weights") or [1.0] * len(names)
     summary = summarize(spec.label, samples, settings.num_generations, skipped, dict(zip(names, weights)))
+    summary["engine"] = engine
     return summary, samples
 
 
@@ -385,7 +460,7 @@ def run_eval(
     limit: int | None = None,
     num_generations: int = 1,
     temperature: float | None = None,
-    batch_size: int = 8,
+    batch_size: int | None = None,
     max_new_tokens: int | None = None,
     output: str | None = None,
     use_vllm: bool = False,
@@ -398,14 +473,13 @@ def run_eval(
     from grpo_cli.recipe.show import guess_command
     from grpo_cli.rewards import build_reward_funcs
     from grpo_cli.tasks import get_task, load_task_dataset
-    from grpo_cli.train.memory import eval_out_of_memory_problem, is_out_of_memory
 
     problems = []
     if limit is not None and limit < 1:
         problems.append(f"--limit must be at least 1, got {limit}")
     if num_generations < 1:
         problems.append(f"--num-generations must be at least 1, got {num_generations}")
-    if batch_size < 1:
+    if batch_size is not None and batch_size < 1:
         problems.append(f"--batch-size must be at least 1, got {batch_size}")
     if temperature is not None and temperature <= 0:
         problems.append(
@@ -443,15 +517,7 @@ def run_eval(
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         for spec in specs:
-            try:
-                summary, samples = evaluate_model(spec, recipe, rows, task, reward_funcs, settings, progress)
-            except Exception as err:
-                if not is_out_of_memory(err):
-                    raise
-                problem = eval_out_of_memory_problem(
-                    spec.label, batch_size, num_generations, settings.max_new_tokens, err
-                )
-                raise UserError(problem) from None
+            summary, samples = evaluate_model(spec, recipe, rows, task, reward_funcs, settings, progress)
             summaries.append(summary)
             all_samples.extend(samples)
 
@@ -466,7 +532,6 @@ def run_eval(
             "decoding": "greedy" if settings.greedy else f"sampling (temperature {settings.temperature:g})",
             "max_new_tokens": settings.max_new_tokens,
             "seed": settings.seed,
-            "engine": "vllm" if settings.use_vllm else "transformers",
         },
     }
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -176,6 +176,7 @@ def test_eval_writes_summary_and_samples_with_hand_computed_metrics(recipe, sile
         "num_prompts": 3,
         "num_completions": 3,
         "skipped_prompts": 0,
+        "engine": "transformers generate",  # the CPU; on a GPU grpo's static-cache sampler
     }
     assert summary["settings"]["decoding"] == "greedy" and summary["settings"]["split"] == "train"
     assert [(s["index"], s["sample"], s["correct"], s["completion"]) for s in samples] == [
@@ -289,6 +290,7 @@ def test_eval_on_gpu_in_bfloat16(recipe, silent_model_dir, tiny_adapter_dir, tmp
     silent, adapted = result["models"]
     assert (silent["accuracy"], silent["num_completions"]) == (pytest.approx(2 / 3), 6)
     assert adapted["num_prompts"] == 3 and set(adapted["pass_at_k"]) == {"1", "2"}
+    assert silent["engine"] == adapted["engine"] == "grpo static-cache sampler"  # LoRA layers in place
 
 
 def test_eval_out_of_memory_is_one_message_with_smaller_batches(recipe, tiny_model_dir, tmp_path, monkeypatch):
@@ -317,3 +319,39 @@ def test_eval_out_of_memory_is_one_message_with_smaller_batches(recipe, tiny_mod
     assert "4 prompts x 2 completions at once, up to 4 tokens each" in problem
     assert "`--batch-size 2`" in problem and "`--max-new-tokens 2`" in problem
     assert not (tmp_path / "o").exists()  # nothing half-written
+
+
+def test_grpos_sampler_gives_what_generate_gives(tiny_model_dir, silent_model_dir):
+    """On a GPU, eval samples with the static-cache sampler that samples training's rollouts; on the CPU it uses
+    generate. Both engines, run here on the CPU: the same greedy completions and token counts, K samples per prompt
+    in generate's order."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo_cli import eval as evaluation
+    from grpo_cli.models import load_tokenizer
+
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    assert evaluation.rollout_model(model) is None  # the CPU keeps generate
+    prompts = [tokenizer(text)["input_ids"] for text in ("Reach 24 with 3 8 1", "Hi", "Count to ten, slowly")]
+    eos = [tokenizer.eos_token_id]
+    advanced = []
+
+    def settings(k: int):
+        return evaluation.EvalSettings(
+            split="test", limit=None, num_generations=k, temperature=1.0, top_p=1.0, batch_size=None,
+            max_new_tokens=9, seed=0,
+        )
+
+    greedy = settings(1)
+    ours = evaluation._sample_static(model, tokenizer, prompts, greedy, 2, eos, advanced.append)
+    theirs = evaluation._generate_batches(model, model.generation_config, tokenizer, prompts, greedy, 2, eos, print)
+    assert ours == theirs and advanced == [2, 1]
+    assert len({text for [(text, _)] in ours}) > 1  # the prompts lead to different completions
+    # Greedy among equal logits takes the first token, as generate does: the silent model's empty completions.
+    silent = AutoModelForCausalLM.from_pretrained(silent_model_dir).eval()
+    empty = evaluation._sample_static(silent, tokenizer, prompts, greedy, 2, [0], lambda n: None)
+    assert empty == [[("", 1)]] * 3
+    sampled = evaluation._sample_static(model, tokenizer, prompts, settings(3), 2, eos, lambda n: None)
+    assert [len(group) for group in sampled] == [3, 3, 3]
+    assert all(1 <= length <= 9 for group in sampled for _, length in group)

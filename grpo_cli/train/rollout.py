@@ -39,6 +39,7 @@ class Sampling:
     top_k: int | None = 0
     top_p: float = 1.0
     min_p: float | None = None
+    greedy: bool = False  # the most likely token, the first of equals (generate's greedy decoding); no sampling
 
 
 def unsupported_reason(model) -> str | None:
@@ -312,7 +313,7 @@ def sample_completions(
         produced = 0
         for t in range(max_new_tokens):
             scores = _processed_logprobs(logits, sampling)
-            token = torch.multinomial(scores.exp(), 1).squeeze(-1)
+            token = scores.argmax(-1) if sampling.greedy else torch.multinomial(scores.exp(), 1).squeeze(-1)
             token = torch.where(done, torch.full_like(token, pad_token_id), token)
             logprobs[:, t] = torch.where(done, 0.0, scores.gather(-1, token.unsqueeze(-1)).squeeze(-1))
             tokens[:, t] = token
