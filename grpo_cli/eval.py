@@ -38,6 +38,10 @@ class EvalSettings:
     max_new_tokens: int
     seed: int
     use_vllm: bool = False
+    # The recipe's other sampling keys, as training samples (a model's own generation defaults are not applied).
+    top_k: int = 0
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
 
     @property
     def greedy(self) -> bool:
@@ -244,7 +248,9 @@ def _generate_transformers(
     eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
     eos = list(dict.fromkeys(e for e in eos + [tokenizer.eos_token_id] if e is not None))
     set_seed(settings.seed)
-    sampler = rollout_model(model)
+    sampler = (
+        rollout_model(model) if settings.repetition_penalty == 1.0 else None
+    )  # the sampler has no penalty
     per_call = settings.batch_size or (STATIC_BATCH_PROMPTS if sampler else GENERATE_BATCH_PROMPTS)
     try:
         if sampler is not None:
@@ -283,7 +289,9 @@ def _sample_static(
     """K completions per prompt from grpo's static-cache sampler, `per_call` prompts at a time."""
     from grpo_cli.train.rollout import Sampling, free_gpu_bytes, rows_that_fit, sample_completions
 
-    sampling = Sampling(greedy=True) if settings.greedy else Sampling(settings.temperature, 0, settings.top_p)
+    sampling = Sampling(greedy=True)
+    if not settings.greedy:
+        sampling = Sampling(settings.temperature, settings.top_k, settings.top_p, settings.min_p)
     k = settings.num_generations
     device = model.lm_head.weight.device
     results: list[list[tuple[str, int]]] = []
@@ -311,9 +319,17 @@ def _generate_batches(
     """K completions per prompt from transformers' generate, `per_call` prompts at a time."""
     import torch
 
-    sampling = {"temperature": settings.temperature, "top_p": settings.top_p, "top_k": None}
-    if settings.greedy:
-        sampling = {"temperature": None, "top_p": None, "top_k": None}
+    # Every sampling key explicit: generate fills the ones left None from the model's own generation config (a
+    # Qwen2.5-Instruct one brings repetition_penalty 1.05 and top_k 20), which training does not apply.
+    sampling = {
+        "temperature": settings.temperature,
+        "top_p": settings.top_p,
+        "top_k": settings.top_k,
+        "min_p": settings.min_p or 0.0,
+        "repetition_penalty": settings.repetition_penalty,
+    }
+    if settings.greedy:  # neutral values: no sampling flags for generate to warn about
+        sampling.update(temperature=1.0, top_p=1.0, top_k=50, min_p=None)
     config.update(
         do_sample=not settings.greedy,
         num_return_sequences=settings.num_generations,
@@ -369,6 +385,9 @@ def _generate_vllm(
         n=settings.num_generations,
         temperature=0.0 if settings.greedy else settings.temperature,
         top_p=1.0 if settings.greedy else settings.top_p,
+        top_k=0 if settings.greedy else settings.top_k,
+        min_p=0.0 if settings.greedy else settings.min_p or 0.0,
+        repetition_penalty=settings.repetition_penalty,
         max_tokens=settings.max_new_tokens,
         seed=settings.seed,
     )
@@ -500,6 +519,9 @@ def run_eval(
         num_generations=num_generations,
         temperature=temperature if temperature is not None else float(values.get("temperature") or 1.0),
         top_p=float(values.get("top_p") or 1.0),
+        top_k=int(values.get("top_k") or 0),
+        min_p=values.get("min_p"),
+        repetition_penalty=float(values.get("repetition_penalty") or 1.0),
         batch_size=batch_size,
         max_new_tokens=max_new_tokens or int(values.get("max_completion_length") or 512),
         seed=int(values.get("seed") or 0),
@@ -530,6 +552,9 @@ def run_eval(
             "limit": limit,
             "num_generations": settings.num_generations,
             "decoding": "greedy" if settings.greedy else f"sampling (temperature {settings.temperature:g})",
+            "sampling": {
+                key: getattr(settings, key) for key in ("top_p", "top_k", "min_p", "repetition_penalty")
+            },
             "max_new_tokens": settings.max_new_tokens,
             "seed": settings.seed,
         },

@@ -355,3 +355,25 @@ def test_grpos_sampler_gives_what_generate_gives(tiny_model_dir, silent_model_di
     sampled = evaluation._sample_static(model, tokenizer, prompts, settings(3), 2, eos, lambda n: None)
     assert [len(group) for group in sampled] == [3, 3, 3]
     assert all(1 <= length <= 9 for group in sampled for _, length in group)
+
+
+def test_eval_samples_as_training_does_not_with_the_models_generation_defaults(recipe, tiny_model_dir, tmp_path):
+    """A model's generation_config.json (Qwen2.5-Instruct ships repetition_penalty 1.05, top_k 20) is not applied:
+    training samples with the recipe's keys only, and eval must score what training would see."""
+    from transformers import GenerationConfig
+
+    plain = tmp_path / "plain"
+    shutil.copytree(tiny_model_dir, plain)
+    opinionated = tmp_path / "opinionated"
+    shutil.copytree(tiny_model_dir, opinionated)
+    config = GenerationConfig.from_pretrained(tiny_model_dir)
+    config.update(do_sample=True, repetition_penalty=3.0, top_k=1, temperature=0.1, top_p=0.5)
+    config.save_pretrained(opinionated)
+    recipe.write_text(recipe.read_text().replace("max_completion_length: 4", "max_completion_length: 12"))
+    for k in (1, 3):  # greedy, then sampling with the same seed
+        run_eval(str(recipe), models=[str(plain), str(opinionated)], num_generations=k, output=str(tmp_path / f"e{k}"))
+        _, samples = _read(tmp_path / f"e{k}")
+        by_model = {}
+        for s in samples:
+            by_model.setdefault(s["model"], []).append(s["completion"])
+        assert by_model[str(plain)] == by_model[str(opinionated)]
