@@ -166,7 +166,9 @@ def test_rollout_in_parts_samples_what_one_batch_samples():
 
     model = tiny_model("llama")
     prompts = PROMPTS + [p[::-1] for p in PROMPTS] + [[20, 21, 22, 23]]  # 9 prompts: parts of 4, 4 and 1
-    whole = sample_completions(model, prompts, 10, eos_token_ids=[3], pad_token_id=0, sampling=Sampling(top_k=1))
+    whole = sample_completions(
+        model, prompts, 10, eos_token_ids=[3], pad_token_id=0, sampling=Sampling(top_k=1)
+    )
     parts = sample_completions(
         model, prompts, 10, eos_token_ids=[3], pad_token_id=0, sampling=Sampling(top_k=1), max_rows=4
     )

@@ -293,7 +293,9 @@ def test_eval_on_gpu_in_bfloat16(recipe, silent_model_dir, tiny_adapter_dir, tmp
     assert silent["engine"] == adapted["engine"] == "grpo static-cache sampler"  # LoRA layers in place
 
 
-def test_eval_out_of_memory_is_one_message_with_smaller_batches(recipe, tiny_model_dir, tmp_path, monkeypatch):
+def test_eval_out_of_memory_is_one_message_with_smaller_batches(
+    recipe, tiny_model_dir, tmp_path, monkeypatch
+):
     """Running out of GPU memory in generate (raised from the model's forward, where torch raises it)."""
     import torch
 
@@ -313,7 +315,13 @@ def test_eval_out_of_memory_is_one_message_with_smaller_batches(recipe, tiny_mod
 
     monkeypatch.setattr(models, "load_model", load_then_hook)
     with pytest.raises(UserError) as caught:
-        run_eval(str(recipe), models=[str(tiny_model_dir)], num_generations=2, batch_size=4, output=str(tmp_path / "o"))
+        run_eval(
+            str(recipe),
+            models=[str(tiny_model_dir)],
+            num_generations=2,
+            batch_size=4,
+            output=str(tmp_path / "o"),
+        )
     [problem] = caught.value.problems
     assert problem.startswith(f"out of GPU memory evaluating {tiny_model_dir} (tried to allocate 1.20 GiB)")
     assert "4 prompts x 2 completions at once, up to 4 tokens each" in problem
@@ -339,13 +347,21 @@ def test_grpos_sampler_gives_what_generate_gives(tiny_model_dir, silent_model_di
 
     def settings(k: int):
         return evaluation.EvalSettings(
-            split="test", limit=None, num_generations=k, temperature=1.0, top_p=1.0, batch_size=None,
-            max_new_tokens=9, seed=0,
+            split="test",
+            limit=None,
+            num_generations=k,
+            temperature=1.0,
+            top_p=1.0,
+            batch_size=None,
+            max_new_tokens=9,
+            seed=0,
         )
 
     greedy = settings(1)
     ours = evaluation._sample_static(model, tokenizer, prompts, greedy, 2, eos, advanced.append)
-    theirs = evaluation._generate_batches(model, model.generation_config, tokenizer, prompts, greedy, 2, eos, print)
+    theirs = evaluation._generate_batches(
+        model, model.generation_config, tokenizer, prompts, greedy, 2, eos, print
+    )
     assert ours == theirs and advanced == [2, 1]
     assert len({text for [(text, _)] in ours}) > 1  # the prompts lead to different completions
     # Greedy among equal logits takes the first token, as generate does: the silent model's empty completions.
@@ -357,7 +373,9 @@ def test_grpos_sampler_gives_what_generate_gives(tiny_model_dir, silent_model_di
     assert all(1 <= length <= 9 for group in sampled for _, length in group)
 
 
-def test_eval_samples_as_training_does_not_with_the_models_generation_defaults(recipe, tiny_model_dir, tmp_path):
+def test_eval_samples_as_training_does_not_with_the_models_generation_defaults(
+    recipe, tiny_model_dir, tmp_path
+):
     """A model's generation_config.json (Qwen2.5-Instruct ships repetition_penalty 1.05, top_k 20) is not applied:
     training samples with the recipe's keys only, and eval must score what training would see."""
     from transformers import GenerationConfig
@@ -371,7 +389,12 @@ def test_eval_samples_as_training_does_not_with_the_models_generation_defaults(r
     config.save_pretrained(opinionated)
     recipe.write_text(recipe.read_text().replace("max_completion_length: 4", "max_completion_length: 12"))
     for k in (1, 3):  # greedy, then sampling with the same seed
-        run_eval(str(recipe), models=[str(plain), str(opinionated)], num_generations=k, output=str(tmp_path / f"e{k}"))
+        run_eval(
+            str(recipe),
+            models=[str(plain), str(opinionated)],
+            num_generations=k,
+            output=str(tmp_path / f"e{k}"),
+        )
         _, samples = _read(tmp_path / f"e{k}")
         by_model = {}
         for s in samples:
