@@ -248,18 +248,18 @@ def _generate_transformers(
     eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
     eos = list(dict.fromkeys(e for e in eos + [tokenizer.eos_token_id] if e is not None))
     set_seed(settings.seed)
-    sampler = (
-        rollout_model(model) if settings.repetition_penalty == 1.0 else None
-    )  # the sampler has no penalty
-    per_call = settings.batch_size or (STATIC_BATCH_PROMPTS if sampler else GENERATE_BATCH_PROMPTS)
+    # grpo's sampler has no repetition penalty: a recipe that sets one samples with generate, as in training.
+    sampler = rollout_model(model) if settings.repetition_penalty == 1.0 else None
+    per_call = settings.batch_size or (
+        STATIC_BATCH_PROMPTS if sampler is not None else GENERATE_BATCH_PROMPTS
+    )
     try:
         if sampler is not None:
-            return _sample_static(
-                sampler, tokenizer, prompt_ids, settings, per_call, eos, advance
-            ), STATIC_ENGINE
-        return _generate_batches(model, config, tokenizer, prompt_ids, settings, per_call, eos, advance), (
-            "transformers generate"
-        )
+            results = _sample_static(sampler, tokenizer, prompt_ids, settings, per_call, eos, advance)
+        else:
+            results = _generate_batches(
+                model, config, tokenizer, prompt_ids, settings, per_call, eos, advance
+            )
     except Exception as err:
         if not is_out_of_memory(err):
             raise
@@ -268,7 +268,8 @@ def _generate_transformers(
         )
         raise UserError(problem) from None
     finally:
-        del model, sampler
+        del model
+    return results, (STATIC_ENGINE if sampler is not None else "transformers generate")
 
 
 def rollout_model(model):
@@ -385,7 +386,7 @@ def _generate_vllm(
         n=settings.num_generations,
         temperature=0.0 if settings.greedy else settings.temperature,
         top_p=1.0 if settings.greedy else settings.top_p,
-        top_k=0 if settings.greedy else settings.top_k,
+        top_k=-1 if settings.greedy else settings.top_k or -1,  # -1: every token (all vLLM versions)
         min_p=0.0 if settings.greedy else settings.min_p or 0.0,
         repetition_penalty=settings.repetition_penalty,
         max_tokens=settings.max_new_tokens,
