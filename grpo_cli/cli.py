@@ -299,7 +299,9 @@ def eval_(
     ] = None,
     batch_size: Annotated[
         int | None,
-        typer.Option("--batch-size", help="Prompts per generation call (default: 8; 64 with grpo's sampler on a GPU)."),
+        typer.Option(
+            "--batch-size", help="Prompts per generation call (default: 8; 64 with grpo's sampler on a GPU)."
+        ),
     ] = None,
     max_new_tokens: Annotated[
         int | None, typer.Option("--max-new-tokens", help="Default: the recipe's max_completion_length.")

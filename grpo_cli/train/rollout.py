@@ -204,7 +204,8 @@ def row_bytes(model, prompt_len: int, max_new_tokens: int) -> int:
     max_len = prompt_len + max_new_tokens
     cache = 2 * config.num_hidden_layers * kv_heads * attn.head_dim * dtype_bytes * max_len
     graphs = -(-max_len // KV_STRETCH)  # each decode graph keeps its own logits output
-    logits = config.vocab_size * (dtype_bytes * (graphs + 1) + 4 * 4)  # + float32 sampling temporaries
+    # + the sampling's float32 temporaries (top-p sorts: values, int64 indices, cumulative sums, masks)
+    logits = config.vocab_size * (dtype_bytes * (graphs + 1) + 4 * 8)
     width = (
         3 * config.intermediate_size + 4 * config.hidden_size + 3 * config.num_attention_heads * attn.head_dim
     )
