@@ -343,9 +343,9 @@ def worker(spec_path: Path) -> None:
     out = Path(spec["out"])
     record = {"status": "starting", "steps": []}
     _write_json(out, record)
-    if spec.get("memory_limit_gib"):  # a smaller card: allocations past the limit fail as out of memory
-        import torch
+    import torch
 
+    if spec.get("memory_limit_gib") and torch.cuda.is_available():  # a smaller card: past it, out of memory
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, spec["memory_limit_gib"] * 2**30 / total))
     _install_timers(record, out, spec["steps"], spec.get("profile", ""))

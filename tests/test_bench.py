@@ -240,7 +240,7 @@ def test_benchmark_runs_baseline_and_grpo_side_by_side_on_cpu(tmp_path, demo_tok
     grpo_bench.main(
         ["--device", "cpu", "--tiny", "--plan", "tiny:4:trl:240:2,tiny:4:grpo:240:2", "--prompts", "2",
          "--generations", "2", "--reward-completions", "8", "--tokenizer", str(demo_tokenizer_dir),
-         "--out", str(out), "--work", str(tmp_path / "work")]
+         "--out", str(out), "--work", str(tmp_path / "work"), "--memory-limit-gib", "40"]
     )  # fmt: skip
     report = json.loads(out.read_text())
     assert report["reward_scoring"]["completions"] == 8 and report["reward_scoring"]["dapo_answer_s"] > 0
@@ -264,3 +264,6 @@ def test_benchmark_runs_baseline_and_grpo_side_by_side_on_cpu(tmp_path, demo_tok
     assert trl["rollout"] == "trl generate"
     assert grpo["rollout"] == ("grpo static cache" if torch.cuda.is_available() else "trl generate")
     assert grpo["speedup"] == pytest.approx(trl["summary"]["step_s"] / grpo["summary"]["step_s"])
+    assert report["memory_limit_gib"] == 40  # a smaller card, on a GPU only
+    if torch.cuda.is_available():  # where each step's peak lies
+        assert all(f"peak_{phase}_gib" in grpo["summary"] for phase in ("generate", "train", "other"))
