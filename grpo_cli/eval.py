@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_cli.atomic import write_text
+from grpo_cli.atomic import write_jsonl, write_text
 from grpo_cli.errors import UserError
 
 _TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model")
@@ -275,9 +275,9 @@ def _generate_transformers(
 def rollout_model(model):
     """The model grpo's static-cache sampler can run (LoRA layers in place), or None: on the CPU (where generate
     is faster), split over several devices, or of an architecture the sampler does not cover."""
-    from grpo_cli.train.rollout import unsupported_reason
+    from grpo_cli.train.rollout import unsupported_reason, without_peft_wrapper
 
-    core = model.get_base_model() if hasattr(model, "get_base_model") else model
+    core = without_peft_wrapper(model)
     devices = {p.device for p in core.parameters()}
     if len(devices) != 1 or next(iter(devices)).type != "cuda" or unsupported_reason(core):
         return None
@@ -288,24 +288,20 @@ def _sample_static(
     model, tokenizer, prompt_ids, settings, per_call, eos, advance
 ) -> list[list[tuple[str, int]]]:
     """K completions per prompt from grpo's static-cache sampler, `per_call` prompts at a time."""
-    from grpo_cli.train.rollout import Sampling, free_gpu_bytes, rows_that_fit, sample_completions
+    from grpo_cli.train.rollout import Sampling, sample_completions
 
     sampling = Sampling(greedy=True)
     if not settings.greedy:
         sampling = Sampling(settings.temperature, settings.top_k, settings.top_p, settings.min_p)
     k = settings.num_generations
-    device = model.lm_head.weight.device
     results: list[list[tuple[str, int]]] = []
     for start in range(0, len(prompt_ids), per_call):
         batch = prompt_ids[start : start + per_call]
         # Each prompt's K samples side by side, in the order generate's num_return_sequences gives them.
         rows = [ids for ids in batch for _ in range(k)]
-        fit = None  # all rows at once, or as many as fit in the free GPU memory
-        if device.type == "cuda":
-            longest = max(len(ids) for ids in rows)
-            fit = rows_that_fit(model, longest, settings.max_new_tokens, free_gpu_bytes(device))
+        # All rows at once, or in parts that fit in the GPU memory free now.
         completions, _ = sample_completions(
-            model, rows, settings.max_new_tokens, eos, tokenizer.pad_token_id, sampling, max_rows=fit
+            model, rows, settings.max_new_tokens, eos, tokenizer.pad_token_id, sampling
         )
         for p in range(len(batch)):
             group = completions[p * k : (p + 1) * k]
@@ -561,9 +557,7 @@ def run_eval(
         },
     }
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_text(
-        out_dir / "samples.jsonl", "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in all_samples)
-    )
+    write_jsonl(out_dir / "samples.jsonl", all_samples)
     write_text(out_dir / "summary.json", json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     print_summary(result)
     console.print(f"wrote {out_dir / 'summary.json'} and {out_dir / 'samples.jsonl'}")

@@ -14,6 +14,7 @@ import traceback
 
 from grpo_cli.errors import UserError
 from grpo_cli.recipe import Recipe
+from grpo_cli.recipe.check import generation_batch
 from grpo_cli.train.checkpoints import latest_checkpoint
 
 # Function names on the traceback that place a failure, most specific first (the optimizer: by torch/optim files).
@@ -89,16 +90,10 @@ def _places(recipe: Recipe, *keys: str) -> str:
 def _generation_batch(recipe: Recipe) -> tuple[int, int, int]:
     """(completions each process generates at once, per_device_train_batch_size, steps_per_generation)."""
     values = recipe.resolved()
-    micro = int(values.get("per_device_train_batch_size") or 8)
-    if values.get("generation_batch_size"):  # TRL's is global: every process generates its share
-        per_generation = (
-            int(values["generation_batch_size"]) // int(os.environ.get("WORLD_SIZE", "1")) // micro
-        )
-    else:
-        per_generation = int(
-            values.get("steps_per_generation") or values.get("gradient_accumulation_steps") or 1
-        )
-    return micro * per_generation, micro, per_generation
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    micro = int(values["per_device_train_batch_size"])
+    batch = generation_batch(values, processes) // processes
+    return batch, micro, batch // micro
 
 
 def memory_fixes(recipe: Recipe, phase: str) -> list[str]:

@@ -39,7 +39,9 @@ class Sampling:
     top_k: int | None = 0
     top_p: float = 1.0
     min_p: float | None = None
-    greedy: bool = False  # the most likely token, the first of equals (generate's greedy decoding); no sampling
+    greedy: bool = (
+        False  # the most likely token, the first of equals (generate's greedy decoding); no sampling
+    )
 
 
 def unsupported_reason(model) -> str | None:
@@ -230,6 +232,26 @@ def rows_that_fit(model, prompt_len: int, max_new_tokens: int, free_bytes: int) 
     return max(1, rows // 8 * 8 if rows >= 8 else rows)
 
 
+_PARTS_REPORTED: list[bool] = []  # the log says once per process that batches are sampled in parts
+
+
+def _rows_free_memory_holds(model, prompt_ids: list[list[int]], max_new_tokens: int) -> int:
+    """Prompts one part may hold in the GPU memory free now (said once in the log when that is not all of them)."""
+    device = model.lm_head.weight.device
+    free = free_gpu_bytes(device)
+    rows = rows_that_fit(model, max(len(ids) for ids in prompt_ids), max_new_tokens, free)
+    if rows < len(prompt_ids) and not _PARTS_REPORTED:
+        _PARTS_REPORTED.append(True)
+        logger.info(
+            "sampling %d completions in parts of %d: the cache of all of them at once would not fit in the "
+            "%.1f GiB of GPU memory free (each completion is sampled as in one batch; parts take longer)",
+            len(prompt_ids),
+            rows,
+            free / 2**30,
+        )
+    return rows
+
+
 def _processed_logprobs(logits, sampling: Sampling):
     """float32 log-probabilities after temperature, top-k, top-p and min-p, as transformers' warpers apply them."""
     import torch
@@ -265,10 +287,13 @@ def sample_completions(
 ) -> tuple[list[list[int]], list[list[float]]]:
     """Sample one completion per prompt: token ids up to and including the first EOS, and each token's log-prob.
 
-    With `max_rows`, the prompts are sampled in consecutive parts of at most that many (less memory at once).
+    The prompts are sampled in consecutive parts of at most `max_rows`; on a GPU, by default, of as many as fit in
+    the memory free now (all of them when they fit).
     """
     import torch
 
+    if max_rows is None and model.lm_head.weight.device.type == "cuda":
+        max_rows = _rows_free_memory_holds(model, prompt_ids, max_new_tokens)
     if max_rows is not None and len(prompt_ids) > max_rows:
         completions, logprobs = [], []
         for start in range(0, len(prompt_ids), max_rows):
@@ -280,6 +305,7 @@ def sample_completions(
                 pad_token_id,
                 sampling,
                 cuda_graphs,
+                max_rows=max_rows,
             )
             completions += part[0]
             logprobs += part[1]
@@ -359,10 +385,14 @@ def sample_completions(
     return completions, completion_logprobs
 
 
+def without_peft_wrapper(model):
+    """The model a PEFT wrapper holds, its LoRA layers in place (what the sampler runs); other models as they are."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def _policy(trainer):
     """The trainer's model without its distributed and PEFT wrappers (LoRA layers stay in place)."""
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
+    return without_peft_wrapper(trainer.accelerator.unwrap_model(trainer.model))
 
 
 def trainer_fallback_reason(trainer) -> str | None:
@@ -385,28 +415,6 @@ class StaticCacheRollout:
 
     def __init__(self):
         self.reported = False
-        self.reported_parts = False
-
-    def max_rows(self, model, prompt_ids: list[list[int]], max_new_tokens: int) -> int | None:
-        """Prompts per part when the whole generation batch would not fit in the GPU memory free now (else None)."""
-        device = model.lm_head.weight.device
-        if device.type != "cuda":
-            return None
-        prompt_len = max(len(ids) for ids in prompt_ids)
-        free = free_gpu_bytes(device)
-        rows = rows_that_fit(model, prompt_len, max_new_tokens, free)
-        if rows >= len(prompt_ids):
-            return None
-        if not self.reported_parts:
-            self.reported_parts = True
-            logger.info(
-                "sampling %d completions in parts of %d: the cache of all of them at once would not fit in the "
-                "%.1f GiB of GPU memory free (each completion is sampled as in one batch; parts take longer)",
-                len(prompt_ids),
-                rows,
-                free / 2**30,
-            )
-        return rows
 
     def __call__(self, prompts: list, trainer) -> dict:
         prompt_ids, images, fields = trainer._tokenize_prompts(prompts)
@@ -420,15 +428,13 @@ class StaticCacheRollout:
             completion_ids, _ = trainer._generate_single_turn(prompt_ids, images, fields, generations)
         else:
             sampling = Sampling(trainer.temperature, trainer.top_k, trainer.top_p, trainer.min_p)
-            policy = _policy(trainer)
             completion_ids, _ = sample_completions(
-                policy,
+                _policy(trainer),
                 prompt_ids,
                 trainer.max_completion_length,
                 list(trainer.eos_token_ids),
                 trainer._tokenizer.pad_token_id,
                 sampling,
-                max_rows=self.max_rows(policy, prompt_ids, trainer.max_completion_length),
             )
         # No sampling log-probs: TRL would then use them in place of its own (off-policy masks), changing the loss.
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}

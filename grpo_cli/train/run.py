@@ -32,19 +32,20 @@ def _peak_gpu_memory(trainer) -> list[float] | None:
     return [round(x, 2) for x in trainer.accelerator.gather(peak).tolist()]
 
 
+def _default(recipe: Recipe, key: str, value, why: str) -> None:
+    """Set `key` where the recipe left it unset, saying where the value came from."""
+    if key not in recipe.values:
+        recipe.values[key] = value
+        recipe.locations[key] = f"grpo default ({why})"
+
+
 def cpu_defaults(recipe: Recipe) -> None:
     """Defaults that suit a machine without a GPU, where the recipe left the key unset."""
-
-    def default(key: str, value) -> None:
-        recipe.values[key] = value
-        recipe.locations[key] = "grpo default (no GPU)"
-
-    if "bf16" not in recipe.values:
-        default("bf16", False)  # TRL turns bf16 mixed precision on by default, which a CPU cannot run
-    if "dataloader_pin_memory" not in recipe.values:
-        default("dataloader_pin_memory", False)  # pinned memory is for copies to a GPU; torch warns without one
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "use_cpu" not in recipe.values:
-        default("use_cpu", True)  # several CPU processes (torchrun, accelerate): without it each trains alone
+    _default(recipe, "bf16", False, "no GPU")  # TRL turns bf16 mixed precision on by default: a CPU cannot run it
+    _default(recipe, "dataloader_pin_memory", False, "no GPU")  # for copies to a GPU; torch warns without one
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # Several CPU processes (torchrun, accelerate): without it each trains alone.
+        _default(recipe, "use_cpu", True, "no GPU")
     if recipe.locations.get("cache_implementation") == "grpo default":
         # Our static-cache rollouts are a GPU lever; on the CPU, generate's own dynamic cache is faster.
         del recipe.values["cache_implementation"], recipe.locations["cache_implementation"]
@@ -65,8 +66,7 @@ def gpu_defaults(recipe: Recipe) -> None:
             "(fused norm, rotary and SwiGLU kernels)"
         )
         return
-    recipe.values["use_liger_kernel"] = True
-    recipe.locations["use_liger_kernel"] = "grpo default (GPU, liger-kernel installed)"
+    _default(recipe, "use_liger_kernel", True, "GPU, liger-kernel installed")
 
 
 class TrainingRun:
