@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from grpo_cli.atomic import write_text  # grpo_cli from this checkout, after the path is set
+
 SHAPES = {  # Qwen2.5 shapes (config.json of the released models), random weights
     "qwen2.5-0.5b": {
         "hidden_size": 896,
@@ -97,9 +99,7 @@ TINY_PLAN = [("tiny", 8, "trl", 120, 3), ("tiny", 8, "grpo", 120, 3)]
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    write_text(path, json.dumps(data, indent=1))
 
 
 def _install_timers(record: dict, out: Path, steps: int, profile: str = "") -> None:
@@ -358,17 +358,19 @@ def worker(spec_path: Path) -> None:
 # --------------------------------------------------------------------------------------------- the driver side
 
 
-def build_model(shape: str, tokenizer_dir: Path, out: Path, device: str, seed: int = 0) -> dict:
-    """A Qwen2 model of `shape` with random weights from `seed`, saved with the tokenizer; returns its sizes."""
+def build_model(
+    shape: str, tokenizer_dir: Path, out: Path, device: str, seed: int = 0, dtype=None, **config: int
+) -> dict:
+    """A Qwen2 model of `shape` with random weights from `seed` (`config` overrides keys of its Qwen2Config), saved
+    with the tokenizer in `dtype` (default: bf16 on a GPU, float32 on the CPU); returns its sizes."""
     import torch
     from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    dtype = dtype or (torch.bfloat16 if device == "cuda" else torch.float32)
     config = Qwen2Config(
-        **SHAPES[shape],
+        **{**SHAPES[shape], "max_position_embeddings": 32768, **config},
         tie_word_embeddings=True,
-        max_position_embeddings=32768,
         rope_theta=1000000.0,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
