@@ -202,6 +202,11 @@ def test_quiet_libraries_filters_noise_and_keeps_errors(restore_logging, monkeyp
         warnings.warn(
             "torch.utils.checkpoint: the use_reentrant parameter should be passed explicitly", UserWarning
         )
+        warnings.warn(
+            "barrier(): using the device under current context. You can specify `device_id` in "
+            "`init_process_group` to mute this warning.",
+            UserWarning,
+        )
         warnings.warn("reward file has a real problem", UserWarning)
     assert [str(w.message) for w in caught] == ["reward file has a real problem"]
     assert transformers_logging.get_verbosity() == logging.ERROR
@@ -211,6 +216,7 @@ def test_quiet_libraries_filters_noise_and_keeps_errors(restore_logging, monkeyp
     assert not logging.getLogger("bitsandbytes.backends.cpu.ops").isEnabledFor(logging.WARNING)
     assert logging.getLogger("bitsandbytes.backends.cpu.ops").isEnabledFor(logging.ERROR)
     assert logging.getLogger("trl.trainer").isEnabledFor(logging.WARNING)
+    assert not logging.getLogger("liger_kernel.backends.registry").isEnabledFor(logging.WARNING)
     # DeepSpeed resets its own level at import: the filter still drops its warnings, not its errors.
     deepspeed = logging.getLogger("DeepSpeed")
     deepspeed.setLevel(logging.INFO)

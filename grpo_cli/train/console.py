@@ -46,6 +46,8 @@ NOISY_LOGGERS = {
     "bitsandbytes": logging.ERROR,  # "Failed to load CPU gemm_4bit_forward ..." at import, on every process
     "DeepSpeed": logging.ERROR,  # "Setting accelerator to CPU ..." at import
     "torch.distributed": logging.ERROR,
+    # "Backend impl ... could not be imported" for each optional backend (CuTe DSL, Ascend) absent, on every process
+    "liger_kernel": logging.ERROR,
 }
 
 # UserWarnings that libraries raise on every step or every process and that a person cannot act on.
@@ -56,6 +58,7 @@ NOISY_WARNINGS = (
     r"MatMul8bitLt: inputs will be cast",
     r"TypedStorage is deprecated",
     r".*is deprecated and will be removed in",
+    r"barrier\(\): using the device under current context",  # every accelerate wait_for_everyone, every process
 )
 
 
