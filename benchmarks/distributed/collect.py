@@ -220,11 +220,12 @@ def table(args) -> None:
     runs = data["runs"]
     rows = []
     for kind in ("lora", "full"):
-        base = runs.get(f"1gpu-zero3-{kind}")
         for name in (f"1gpu-zero3-{kind}", f"1gpu-plain-{kind}", f"2gpu-zero3-{kind}", f"2gpu-ddp-{kind}"):
             entry = runs.get(name)
             if not entry or entry.get("phase") == "skipped":
                 continue
+            # Two processes are measured against one process of the same launcher: DDP against one plain GPU.
+            base = runs.get(f"1gpu-{'plain' if entry.get('launcher') == 'ddp' else 'zero3'}-{kind}")
             t = warm_step_time(entry)
             t1 = warm_step_time(base) if base else None
             nproc = entry.get("nproc", 1)

@@ -14,6 +14,7 @@ OUT=${OUT:-/tmp/bench-out}
 BUDGET=${BENCH_BUDGET_S:-330}       # seconds for everything; a launch that cannot start in time is skipped
 RUN_CAP=${BENCH_RUN_CAP_S:-150}     # seconds for one launch (a 1.5B full fine-tuning launch took 88 s)
 MIN_START=${BENCH_MIN_START_S:-70}  # no launch starts with less than this left
+STAGES=" ${BENCH_STAGES:-1 2 3 4 5 6} "  # which numbered stages below to run (5 needs 3 in the same call)
 DEADLINE=$((SECONDS + BUDGET))
 RESULTS=$OUT/results.json
 mkdir -p "$OUT"
@@ -63,6 +64,7 @@ pack() {  # the logs, rollouts and summaries so far, into one file under $OUT
 }
 
 left() { echo $((DEADLINE - SECONDS)); }
+stage() { [[ $STAGES == *" $1 "* ]]; }
 
 # train NAME NPROC LAUNCHER KIND STEPS GPUS PORT [extra recipe overrides]: one `accelerate launch`, rc and time
 # written to $W/status/NAME. The output folder is the NAME without -resume, so a -resume launch continues it.
@@ -179,7 +181,7 @@ record_merge() {
 
 drop_checkpoints() {  # free the disk once a full fine-tuning run is done: its checkpoints are tens of GB
   local rc
-  read -r rc _ < "$W/status/$2" 2>/dev/null || rc=skipped
+  read -r rc _ 2>/dev/null < "$W/status/$2" || rc=skipped
   [ "$rc" = 0 ] && rm -rf "$W/$1"/checkpoint-* "$W/$1"/*.safetensors
 }
 
@@ -190,29 +192,39 @@ G2=0,1
 echo "GPUs: $GPUS"
 
 # 1. one process, ZeRO-3: LoRA and full fine-tuning side by side; 2 steps, then resume to 3; merge the LoRA.
-pair 2
-pair 3 -resume
-merge 1gpu-zero3-lora-merge "$W/1gpu-zero3-lora"
-drop_checkpoints 1gpu-zero3-full 1gpu-zero3-full-resume
+if stage 1; then
+  pair 2
+  pair 3 -resume
+  merge 1gpu-zero3-lora-merge "$W/1gpu-zero3-lora"
+  drop_checkpoints 1gpu-zero3-full 1gpu-zero3-full-resume
+fi
 # 2. two processes, ZeRO-3 full fine-tuning: 2 steps, resume to 3 (the CPU merge above may still be running).
-one 2gpu-zero3-full 2 zero3 full 2 $G2 29530
-one 2gpu-zero3-full-resume 2 zero3 full 3 $G2 29530
-drop_checkpoints 2gpu-zero3-full 2gpu-zero3-full-resume
-record_merge 1gpu-zero3-lora-merge
+if stage 2; then
+  one 2gpu-zero3-full 2 zero3 full 2 $G2 29530
+  one 2gpu-zero3-full-resume 2 zero3 full 3 $G2 29530
+  drop_checkpoints 2gpu-zero3-full 2gpu-zero3-full-resume
+fi
+stage 1 && record_merge 1gpu-zero3-lora-merge
 # 3. two processes, ZeRO-3 LoRA: 2 steps; its merge runs on the CPU during the DDP runs.
-one 2gpu-zero3-lora 2 zero3 lora 2 $G2 29540
-merge 2gpu-zero3-lora-merge "$W/2gpu-zero3-lora"
+if stage 3; then
+  one 2gpu-zero3-lora 2 zero3 lora 2 $G2 29540
+  merge 2gpu-zero3-lora-merge "$W/2gpu-zero3-lora"
+fi
 # 4. two processes, DDP: LoRA and full fine-tuning, 3 steps in one launch (saved once, at the end).
-one 2gpu-ddp-lora 2 ddp lora 3 $G2 29550 --save_steps 3
-one 2gpu-ddp-full 2 ddp full 3 $G2 29560 --save_steps 3
-drop_checkpoints 2gpu-ddp-full 2gpu-ddp-full
-record_merge 2gpu-zero3-lora-merge
-# 5. ZeRO-3 LoRA resumed on two processes, if time is left.
-one 2gpu-zero3-lora-resume 2 zero3 lora 3 $G2 29540
-# 6. if time is left: one GPU without DeepSpeed (single_gpu.yaml), the reference for ZeRO-3's own cost.
-one 1gpu-plain-lora 1 single_gpu lora 3 0 29570 --save_steps 3
-one 1gpu-plain-full 1 single_gpu full 3 0 29580 --save_steps 3
-drop_checkpoints 1gpu-plain-full 1gpu-plain-full
+if stage 4; then
+  one 2gpu-ddp-lora 2 ddp lora 3 $G2 29550 --save_steps 3
+  one 2gpu-ddp-full 2 ddp full 3 $G2 29560 --save_steps 3
+  drop_checkpoints 2gpu-ddp-full 2gpu-ddp-full
+fi
+stage 3 && record_merge 2gpu-zero3-lora-merge
+# 5. ZeRO-3 LoRA resumed on two processes.
+stage 5 && one 2gpu-zero3-lora-resume 2 zero3 lora 3 $G2 29540
+# 6. one GPU without DeepSpeed (single_gpu.yaml): DDP's scaling reference, and ZeRO-3's own cost.
+if stage 6; then
+  one 1gpu-plain-lora 1 single_gpu lora 3 0 29570 --save_steps 3
+  one 1gpu-plain-full 1 single_gpu full 3 0 29580 --save_steps 3
+  drop_checkpoints 1gpu-plain-full 1gpu-plain-full
+fi
 
 python3 $B/collect.py table "$RESULTS"
 pack
