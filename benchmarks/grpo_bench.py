@@ -425,7 +425,12 @@ def copy_bandwidth(device: str) -> float:
 
 
 def reward_scoring(count: int) -> dict:
-    """Seconds to score `count` completions with the countdown rewards and with math-verify's dapo_answer."""
+    """Seconds to score `count` completions with the countdown rewards and with math-verify's dapo_answer.
+
+    math-verify's timing is that of a training step after the first: its worker processes start (and import
+    math-verify) with the first batch that needs them, timed apart as `dapo_answer_first_batch_s`; then
+    `dapo_answer_s` scores a batch of new answers, none of which the first batch compared.
+    """
     from grpo_cli.rewards import build_reward_funcs
 
     countdown = build_reward_funcs(["countdown_format", "countdown_equation"], 0.5)
@@ -435,31 +440,27 @@ def reward_scoring(count: int) -> dict:
         f"<think>{think}</think> <answer>({i % 7 + 1} + 3) * 4 - 25</answer>" for i in range(count)
     ]
     chats = [[{"role": "assistant", "content": c}] for c in completions]
-    # Every answer distinct and symbolic (no plain numbers, no cache hits): math-verify parses and compares each.
-    guesses = [rf"\frac{{{i}}}{{{i + 2}}}+\sqrt{{{i % 5 + 2}}}" for i in range(count)]
-    dapo_texts = [f"<start_working_out>{think}<end_working_out><SOLUTION>{g}</SOLUTION>" for g in guesses]
-    dapo_chats = [[{"role": "assistant", "content": c}] for c in dapo_texts]
-    golds = [rf"\sqrt{{2}}+\frac{{{i % 8 + 1}}}{{3}}" for i in range(count)]
     timings = {}
     start = time.perf_counter()
     for func in countdown:
         func(prompts=None, completions=chats, nums=[[3, 4, 25]] * count, target=[88] * count)
     timings["countdown_s"] = time.perf_counter() - start
-    for func in dapo:  # a first call imports math-verify and its LaTeX grammar: time it apart
-        warm = [
-            [
-                {
-                    "role": "assistant",
-                    "content": "<start_working_out>x<end_working_out><SOLUTION>x^2+1</SOLUTION>",
-                }
-            ]
-        ]
-        start = time.perf_counter()
-        func(prompts=None, completions=warm, solution=[r"\sqrt{3}"])
-        timings["dapo_answer_first_call_s"] = time.perf_counter() - start
-        start = time.perf_counter()
-        func(prompts=None, completions=dapo_chats, solution=golds)
-        timings["dapo_answer_s"] = time.perf_counter() - start
+
+    def batch(offset: int) -> tuple[list, list]:
+        """`count` answers, each distinct and symbolic (no plain numbers, no remembered verdicts): math-verify
+        parses and compares every one."""
+        guesses = [rf"\frac{{{i}}}{{{i + 2}}}+\sqrt{{{i % 5 + 2}}}" for i in range(offset, offset + count)]
+        texts = [f"<start_working_out>{think}<end_working_out><SOLUTION>{g}</SOLUTION>" for g in guesses]
+        # a gold answer per 8 completions (a prompt's group), none shared with the other batch
+        golds = [rf"\sqrt{{2}}+\frac{{{i // 8 + 1}}}{{3}}" for i in range(offset, offset + count)]
+        return [[{"role": "assistant", "content": t}] for t in texts], golds
+
+    for func in dapo:
+        for key, offset in (("dapo_answer_first_batch_s", count), ("dapo_answer_s", 0)):
+            completions_, golds = batch(offset)
+            start = time.perf_counter()
+            func(prompts=None, completions=completions_, solution=golds)
+            timings[key] = time.perf_counter() - start
     timings["completions"] = count
     return timings
 
