@@ -1,6 +1,9 @@
-import json, sys
+import json
+import sys
 from pathlib import Path
+
 from safetensors import safe_open
+
 w = Path(sys.argv[1])
 for ck in sorted(w.glob("checkpoint-*")):
     print(ck.name, json.loads((ck / "trainer_state.json").read_text())["global_step"])

@@ -57,7 +57,9 @@ def rollout_checks(out: Path) -> dict:
     return {
         "rollouts_file": True,
         "rollout_rows_per_step": {str(k): v for k, v in sorted(per_step.items())},
-        "rollouts_elsewhere": sorted(str(p.relative_to(out)) for p in out.rglob("rollouts*.jsonl") if p != path),
+        "rollouts_elsewhere": sorted(
+            str(p.relative_to(out)) for p in out.rglob("rollouts*.jsonl") if p != path
+        ),
     }
 
 
@@ -74,8 +76,9 @@ def tensor_headers(folder: Path) -> dict[str, tuple[list[int], str]]:
     return found
 
 
-def full_weights(folder: Path, init: Path, compare: bool) -> dict:
-    """A full fine-tuned model folder: every tensor of the initial model, at full shape, in bf16 (and trained)."""
+def full_weights(folder: Path, init: Path, dtype: str, compare: bool) -> dict:
+    """A full fine-tuned model folder: every tensor of the initial model, at full shape, in `dtype` (the trained
+    precision: BF16 on the GPUs, F32 in the CPU check), and trained."""
     if not folder.is_dir():
         return {"present": False}
     start, saved = tensor_headers(init), tensor_headers(folder)
@@ -87,7 +90,12 @@ def full_weights(folder: Path, init: Path, compare: bool) -> dict:
         "bad_shape": [k for k in start if k in saved and saved[k][0] != start[k][0]][:5],
         "dtypes": sorted({d for _, d in saved.values()}),
     }
-    report["ok"] = bool(saved) and not report["missing"] and not report["bad_shape"] and report["dtypes"] == ["BF16"]
+    report["ok"] = (
+        bool(saved)
+        and not report["missing"]
+        and not report["bad_shape"]
+        and report["dtypes"] == [dtype]
+    )
     if compare and report["ok"]:
         import torch
         from safetensors import safe_open
@@ -137,8 +145,14 @@ def step_times(log_history: list[dict]) -> dict[str, float]:
 def launch(args) -> None:
     out, init = Path(args.out), Path(args.init)
     entry = {
-        "phase": args.phase, "rc": args.rc, "seconds": args.seconds, "nproc": args.nproc,
-        "launcher": args.launcher, "kind": args.kind, "expected_steps": args.steps, "log": Path(args.log).name,
+        "phase": args.phase,
+        "rc": args.rc,
+        "seconds": args.seconds,
+        "nproc": args.nproc,
+        "launcher": args.launcher,
+        "kind": args.kind,
+        "expected_steps": args.steps,
+        "log": Path(args.log).name,
     }
     entry.update(log_checks(Path(args.log)))
     entry.update(rollout_checks(out))
@@ -153,8 +167,8 @@ def launch(args) -> None:
     entry["checkpoint"] = checkpoint.name if state.exists() else None
     entry["checkpoint_global_step"] = json.loads(state.read_text())["global_step"] if state.exists() else None
     if args.kind == "full":
-        entry["checkpoint_weights"] = full_weights(checkpoint, init, compare=False)
-        entry["final_weights"] = full_weights(out, init, compare=args.rc == 0)
+        entry["checkpoint_weights"] = full_weights(checkpoint, init, args.dtype, compare=False)
+        entry["final_weights"] = full_weights(out, init, args.dtype, compare=args.rc == 0)
     else:
         entry["checkpoint_weights"] = adapter_weights(checkpoint)
         entry["final_weights"] = adapter_weights(out)
@@ -167,8 +181,11 @@ def launch(args) -> None:
     entry["checks"] = {
         "exit_0": args.rc == 0,
         "one_plan": entry["plan_lines"] == 1,
-        "one_metrics_line_per_step": all(metrics.get(str(s + 1)) == 1 for s in ran) and len(metrics) == len(ran),
-        "rollout_rows_per_step_eq_global_batch": all(rows.get(str(s)) == PER_DEVICE_BATCH * args.nproc for s in ran),
+        "one_metrics_line_per_step": all(metrics.get(str(s + 1)) == 1 for s in ran)
+        and len(metrics) == len(ran),
+        "rollout_rows_per_step_eq_global_batch": all(
+            rows.get(str(s)) == PER_DEVICE_BATCH * args.nproc for s in ran
+        ),
         "one_rollouts_file": entry.get("rollouts_file") is True and not entry.get("rollouts_elsewhere"),
         "global_step": entry["global_step"] == args.steps and entry["checkpoint_global_step"] == args.steps,
         "num_processes": entry["num_processes"] == args.nproc,
@@ -184,8 +201,20 @@ def merge(args) -> None:
     merged = Path(args.merged)
     report = json.loads((merged / "merge.json").read_text()) if (merged / "merge.json").exists() else {}
     entry = {"phase": "merge", "rc": args.rc, "seconds": args.seconds, "log": Path(args.log).name}
-    entry.update({k: report.get(k) for k in ("changed_modules", "lora_modules", "max_logit_diff", "tolerance",
-                                              "adapter_logit_effect", "same_top1", "files")})
+    entry.update(
+        {
+            k: report.get(k)
+            for k in (
+                "changed_modules",
+                "lora_modules",
+                "max_logit_diff",
+                "tolerance",
+                "adapter_logit_effect",
+                "same_top1",
+                "files",
+            )
+        }
+    )
     entry["ok"] = args.rc == 0 and bool(report)
     update(args.results, args.name, entry)
 
@@ -204,8 +233,10 @@ def update(results: str, name: str, entry: dict) -> None:
         return
     checks = entry.get("checks", {})
     failed = [k for k, v in checks.items() if not v]
-    print(f"RESULT {name}: ok={entry['ok']} rc={entry.get('rc')} {entry.get('seconds', '-')}s "
-          f"steps={entry.get('step_time_s', '')} peak={entry.get('peak_gpu_memory_gib', '')} failed={failed}")
+    print(
+        f"RESULT {name}: ok={entry['ok']} rc={entry.get('rc')} {entry.get('seconds', '-')}s "
+        f"steps={entry.get('step_time_s', '')} peak={entry.get('peak_gpu_memory_gib', '')} failed={failed}"
+    )
 
 
 def warm_step_time(entry: dict) -> float | None:
@@ -229,14 +260,20 @@ def table(args) -> None:
             t = warm_step_time(entry)
             t1 = warm_step_time(base) if base else None
             nproc = entry.get("nproc", 1)
-            rows.append({
-                "run": name, "kind": kind, "launcher": entry.get("launcher"), "processes": nproc,
-                "step_time_s": entry.get("step_time_s"), "warm_step_time_s": t,
-                "completions_per_s": round(PER_DEVICE_BATCH * nproc / t, 2) if t else None,
-                "peak_gpu_memory_gib": entry.get("peak_gpu_memory_gib"),
-                "scaling_efficiency": round(t1 / t, 3) if (t and t1 and nproc == 2) else None,
-                "checks_ok": entry.get("ok"),
-            })
+            rows.append(
+                {
+                    "run": name,
+                    "kind": kind,
+                    "launcher": entry.get("launcher"),
+                    "processes": nproc,
+                    "step_time_s": entry.get("step_time_s"),
+                    "warm_step_time_s": t,
+                    "completions_per_s": round(PER_DEVICE_BATCH * nproc / t, 2) if t else None,
+                    "peak_gpu_memory_gib": entry.get("peak_gpu_memory_gib"),
+                    "scaling_efficiency": round(t1 / t, 3) if (t and t1 and nproc == 2) else None,
+                    "checks_ok": entry.get("ok"),
+                }
+            )
     data["table"] = rows
     lines = [
         "| run | processes | step 1 / 2 / 3 (s) | warm step (s) | completions/s | peak GiB per GPU | scaling eff. | checks |",
@@ -267,6 +304,7 @@ def main() -> None:
         p.add_argument(f"--{key}", required=True)
     for key in ("rc", "seconds", "nproc", "steps"):
         p.add_argument(f"--{key}", type=int, required=True)
+    p.add_argument("--dtype", default="BF16", help="the precision full fine-tuning saves (safetensors' name)")
     p.set_defaults(func=launch)
     p = sub.add_parser("merge")
     p.add_argument("results")

@@ -3,7 +3,7 @@
 # processes with ddp.yaml and zero3.yaml; every launch is checked and added to $OUT/results.json as it ends.
 #
 #   benchmarks/distributed/run.sh                  # on a 2-GPU machine, from the repository root
-#   BENCH_CPU=1 benchmarks/distributed/run.sh      # the same sequence on CPU processes with a tiny model
+#   BENCH_CPU=1 benchmarks/distributed/run.sh      # the same launches on CPU processes with a tiny model
 #
 # Needs .whl-h4/ (wheels, and assets/tok: the tokenizer). Writes to $OUT: results.json, logs.tar.gz (every
 # launch's combined log, rollouts and train_summary), bench.log, env.txt. Large run folders go to $BENCH_WORK.
@@ -79,10 +79,10 @@ train() {
   local cpu=()
   local launcher_cmd=(python3 -m accelerate.commands.launch "${acc[@]}")
   if [ "$CPU" = 1 ]; then
-    # `accelerate launch --cpu --num_processes 2` starts ONE process (several CPU processes need mpirun), so
-    # the CPU check starts its processes with torchrun: gloo, one process per rank, like the GPU launch.
-    launcher_cmd=(python3 -m torch.distributed.run --nproc_per_node "$nproc" --master_port "$port")
-    cpu=(--bf16 false --use_cpu true)  # without use_cpu each torchrun process trains alone (world size 1)
+    # The same accelerate configs run on CPU processes (gloo): ZeRO-3 through DeepSpeed's CPU accelerator, DDP as
+    # one process per rank. fp32, and use_cpu so that the processes form one group without a GPU.
+    launcher_cmd+=(--mixed_precision no)
+    cpu=(--bf16 false --use_cpu true)
   fi
   local cmd=("${launcher_cmd[@]}" -m grpo_cli rl -c $B/rl.yaml
              --model_name_or_path "$MODEL" --output_dir "$out" --max_steps "$steps" "${peft[@]}" "${cpu[@]}" "$@")
@@ -98,13 +98,17 @@ train() {
 record() {
   local name=$1 nproc=$2 launcher=$3 kind=$4 steps=$5 out=$W/${1%-resume} phase=first rc secs
   [[ $name == *-resume ]] && phase=resume
+  # What full fine-tuning saves: the recipe's bf16, except ZeRO-3 in the CPU check (DeepSpeed without mixed
+  # precision trains and saves float32 there).
+  local dtype=BF16
+  [ "$CPU" = 1 ] && [ "$launcher" = zero3 ] && dtype=F32
   read -r rc secs < "$W/status/$name"
   for f in rollouts.jsonl train_summary.json; do
     [ -f "$out/$f" ] && cp "$out/$f" "$W/logs/$name.$f"
   done
   python3 $B/collect.py launch "$RESULTS" "$name" --phase $phase --out "$out" --log "$W/logs/$name.log" \
     --rc "$rc" --seconds "$secs" --nproc "$nproc" --launcher "$launcher" --kind "$kind" --init "$MODEL" \
-    --steps "$steps" 2>&1 | tail -3
+    --steps "$steps" --dtype $dtype 2>&1 | tail -3
   pack
 }
 
