@@ -80,7 +80,8 @@ train() {
   local launcher_cmd=(python3 -m accelerate.commands.launch "${acc[@]}")
   if [ "$CPU" = 1 ]; then
     # The same accelerate configs run on CPU processes (gloo): ZeRO-3 through DeepSpeed's CPU accelerator, DDP as
-    # one process per rank. fp32, and use_cpu so that the processes form one group without a GPU.
+    # one process per rank. No mixed precision (no bf16 autocast on the CPU), and use_cpu so that the processes
+    # form one group without a GPU.
     launcher_cmd+=(--mixed_precision no)
     cpu=(--bf16 false --use_cpu true)
   fi
