@@ -451,6 +451,74 @@ def test_the_fast_paths_agree_with_plain_math_verify():
     assert settled.count(None) >= 20
 
 
+# Numeric answers near and around math-verify's own tolerances: percentages, rounding, constants, units.
+NUMERIC_PAIRS = [
+    ("\\sqrt{2}+\\frac{26}{3}", "\\sqrt{2}+\\frac{25}{3}"),
+    ("\\frac{100}{101}+\\sqrt{2}", "\\sqrt{2}+\\frac{26}{3}"),
+    ("2\\sqrt{2}", "\\sqrt{8}"),
+    ("2\\sqrt{2}", "2.828427"),
+    ("2\\sqrt{2}", "2.83"),
+    ("\\frac{1}{3}", "0.333"),
+    ("\\frac{1}{3}", "0.3333333"),
+    ("2.0000004", "2"),
+    ("2.0004", "2"),
+    ("2.01", "2"),
+    ("3.14159265", "\\pi"),
+    ("3.14", "\\pi"),
+    ("2.718281828", "e"),
+    ("9", "9\\%"),
+    ("0.09", "9\\%"),
+    ("50\\%", "0.5"),
+    ("5", "5\\%"),
+    ("30^\\circ", "30"),
+    ("\\frac{\\pi}{6}", "30^\\circ"),
+    ("1.5\\times10^{3}", "1500"),
+    ("1.5\\times10^{3}", "1501"),
+    ("10^{100}+1", "10^{100}"),
+    ("-\\sqrt{3}", "\\sqrt{3}"),
+    ("\\sqrt{-1}", "i"),
+    ("1+i", "1-i"),
+    ("\\infty", "\\infty"),
+    ("-\\infty", "\\infty"),
+    ("\\log_2 8", "3"),
+    ("\\sin(\\pi/6)", "\\frac{1}{2}"),
+    ("\\binom{5}{2}", "10"),
+    ("5!", "120"),
+    ("x=3", "3"),
+    ("3", "x=4"),
+    ("\\{3\\}", "3"),
+    ("(3)", "4"),
+    ("f(2)", "4"),
+    ("3\\text{ cm}", "3"),
+    ("4\\text{ cm}", "3"),
+    ("0", "0.0005"),
+    ("0.001", "0.0011"),
+]
+
+
+def _math_verify_alone(guess: str, gold: str) -> bool:
+    """math-verify's own verdict on the parsed answers, without the project's shortcut for values far apart."""
+    from math_verify import verify
+
+    gold_parsed, guess_parsed = answers._parse_gold(gold), answers._parse(guess)
+    return bool(gold_parsed and guess_parsed and verify(gold_parsed, guess_parsed, timeout_seconds=None))
+
+
+def test_values_far_apart_get_math_verifys_verdict_without_it():
+    pairs = [(guess.strip(), gold.strip()) for guess, gold in VARIED_PAIRS + NUMERIC_PAIRS]
+    assert [answers._verify(guess, gold) for guess, gold in pairs] == [
+        _math_verify_alone(guess, gold) for guess, gold in pairs
+    ]
+    apart = [
+        (guess, gold)
+        for guess, gold in pairs
+        if answers._values_apart(answers._parse_gold(gold), answers._parse(guess))
+    ]
+    assert len(apart) >= 10  # the shortcut does decide a good share of them
+    # never a percentage (math-verify takes 9% for 9), a set, a relation or an unknown function's value
+    assert not [pair for pair in apart if any(mark in pair[0] + pair[1] for mark in ("%", "\\{", "=", "f("))]
+
+
 def test_plain_numbers_compare_exactly_where_math_verify_rounds():
     """math-verify rounds decimals to 6 places; two plain numbers are compared exactly instead."""
     assert answers._verify("0.1000001", "0.1") is True

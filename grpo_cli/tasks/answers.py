@@ -6,6 +6,10 @@ construction: answers are capped in length, answers that combine growth operator
 5+ digit numbers or with each other are not parsed, and parsed expressions whose numbers could grow past
 MAX_VALUE_BITS are not compared. The SIGALRM time limit (main thread only) is the safety net.
 
+Two answers that are each one plain numeric value (no variables, percentages, sets or relations) and lie clearly
+apart are told apart by their values, before math-verify's slower comparisons: none of those could hold (its
+numeric ones round to 6 decimals). Most wrong answers are such pairs.
+
 math-verify's verdict on each pair is remembered (the last MATCH_CACHE_SIZE pairs). It may be computed elsewhere:
 `symbolic_pairs` lists a batch's distinct pairs still to compare, `symbolic_outcome` compares one (in a worker
 process, see grpo_cli.rewards.math_pool) and `remember` stores the outcomes for answers_match to read.
@@ -30,6 +34,7 @@ MAX_ERROR_CHARS = 300
 MAX_NUMBER_CHARS = 60
 MAX_VALUE_BITS = 20_000
 MATH_VERIFY_SECONDS = 0.5  # per comparison; GRPO_MATH_VERIFY_SECONDS overrides it
+APART = 1e-3  # relative distance past which two numeric values are different answers without math-verify
 SECONDS_ENV = "GRPO_MATH_VERIFY_SECONDS"
 
 # ASCII digits only: str.isdigit() and \d also accept "٣", "³" and "３", which int() or a reader may not.
@@ -271,6 +276,31 @@ def _verify(guess: str, gold: str) -> bool:
     with time_limit(math_verify_seconds()):
         gold_parsed = _parse_gold(gold[:MAX_GOLD_CHARS])
         guess_parsed = _parse(guess)
-        if gold_parsed and guess_parsed:
+        if gold_parsed and guess_parsed and not _values_apart(gold_parsed, guess_parsed):
             result = bool(verify(gold_parsed, guess_parsed, timeout_seconds=None))
     return result
+
+
+def _numeric_value(parsed: list) -> complex | None:
+    """The value of a parsed answer that is one plain number, or None (anything else, or not finite)."""
+    import sympy
+
+    if len(parsed) != 2 or not isinstance(parsed[1], str):  # math-verify's [expression, text]
+        return None
+    expr = parsed[0]
+    # Percentages are UnevaluatedExpr(1/100) factors: math-verify accepts 9% for 9, so they never count as values.
+    if not isinstance(expr, sympy.Expr) or expr.free_symbols or expr.atoms(sympy.UnevaluatedExpr):
+        return None
+    try:
+        value = complex(expr.evalf(30))
+    except (TypeError, ValueError, ArithmeticError):  # unevaluated functions, overflow
+        return None
+    return value if math.isfinite(value.real) and math.isfinite(value.imag) else None
+
+
+def _values_apart(gold_parsed: list, guess_parsed: list) -> bool:
+    """Whether both answers are plain numbers more than APART apart (relative): then no comparison holds."""
+    gold, guess = _numeric_value(gold_parsed), _numeric_value(guess_parsed)
+    if gold is None or guess is None:
+        return False
+    return abs(gold - guess) > APART * max(1.0, abs(gold), abs(guess))
