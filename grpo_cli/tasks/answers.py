@@ -8,7 +8,7 @@ MAX_VALUE_BITS are not compared. The SIGALRM time limit (main thread only) is th
 
 Two answers that are each one plain numeric value (no variables, percentages, sets or relations) and lie clearly
 apart are told apart by their values, before math-verify's slower comparisons: none of those could hold (its
-numeric ones round to 6 decimals). Most wrong answers are such pairs.
+numeric ones round to 6 decimals). Most wrong answers to a numeric problem are such pairs.
 
 math-verify's verdict on each pair is remembered (the last MATCH_CACHE_SIZE pairs). It may be computed elsewhere:
 `symbolic_pairs` lists a batch's distinct pairs still to compare, `symbolic_outcome` compares one (in a worker
