@@ -457,9 +457,9 @@ def reward_scoring(count: int) -> dict:
 
     for func in dapo:
         for key, offset in (("dapo_answer_first_batch_s", count), ("dapo_answer_s", 0)):
-            completions_, golds = batch(offset)
+            answers, golds = batch(offset)
             start = time.perf_counter()
-            func(prompts=None, completions=completions_, solution=golds)
+            func(prompts=None, completions=answers, solution=golds)
             timings[key] = time.perf_counter() - start
     timings["completions"] = count
     return timings
