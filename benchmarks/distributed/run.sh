@@ -222,8 +222,11 @@ if stage 4; then
   drop_checkpoints 2gpu-ddp-full 2gpu-ddp-full
 fi
 stage 3 && record_merge 2gpu-zero3-lora-merge
-# 5. ZeRO-3 LoRA resumed on two processes.
-stage 5 && one 2gpu-zero3-lora-resume 2 zero3 lora 3 $G2 29540
+# 5. Resumed on two processes: ZeRO-3 LoRA to 3 steps, DDP LoRA from its checkpoint-3 to 4.
+if stage 5; then
+  one 2gpu-zero3-lora-resume 2 zero3 lora 3 $G2 29540
+  one 2gpu-ddp-lora-resume 2 ddp lora 4 $G2 29550 --save_steps 1
+fi
 # 6. one GPU without DeepSpeed (single_gpu.yaml): DDP's scaling reference, and ZeRO-3's own cost.
 if stage 6; then
   one 1gpu-plain-lora 1 single_gpu lora 3 0 29570 --save_steps 3
