@@ -169,6 +169,12 @@ def process_rank() -> int:
     return 0
 
 
+def world_size() -> int:
+    """How many processes this run has, from WORLD_SIZE, which accelerate and torchrun set (1 when not launched)."""
+    value = os.environ.get("WORLD_SIZE", "")
+    return int(value) if value.isdigit() else 1
+
+
 def is_main_process() -> bool:
     """True in the one process that prints, writes the rollouts file and talks to SwanLab."""
     return process_rank() == 0
@@ -177,9 +183,7 @@ def is_main_process() -> bool:
 def rank_prefix() -> str:
     """`[rank N] ` in a run of several processes, so each process's errors say which one it is; else ''."""
     rank = process_rank()
-    world_size = os.environ.get("WORLD_SIZE", "1")
-    several = rank > 0 or (world_size.isdigit() and int(world_size) > 1)
-    return f"[rank {rank}] " if several else ""
+    return f"[rank {rank}] " if rank > 0 or world_size() > 1 else ""
 
 
 # --- re-launch through accelerate ---------------------------------------------------------------------------

@@ -29,7 +29,7 @@ def test_two_processes_train_like_one(tmp_path, tiny_model_dir):
         "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "grpo_cli", "rl", "-c", str(path),
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    run = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     out = tmp_path / "rl"
     # One console: the plan and each metrics line appear once, not once per process.
@@ -64,20 +64,16 @@ def _launch_zero3(recipe: Path, *overrides: str) -> subprocess.CompletedProcess:
     return run
 
 
-def _tensors(path: Path) -> dict:
+def test_zero3_saves_whole_weights_resumes_and_merges(tmp_path, tiny_model_dir):
     from safetensors.torch import load_file
 
-    return load_file(str(path))
-
-
-def test_zero3_saves_whole_weights_resumes_and_merges(tmp_path, tiny_model_dir):
-    initial = _tensors(tiny_model_dir / "model.safetensors")
+    initial = load_file(tiny_model_dir / "model.safetensors")
     full = recipe_file(tmp_path / "full", tiny_model_dir, "rl")
     _launch_zero3(full)
     out = tmp_path / "full" / "rl"
     assert (out / "checkpoint-2" / "global_step2").is_dir()  # DeepSpeed's sharded state: it did run ZeRO-3
     for folder in (out / "checkpoint-2", out):
-        saved = _tensors(folder / "model.safetensors")
+        saved = load_file(folder / "model.safetensors")
         # every tensor at full shape: gathered from the shards (an ungathered ZeRO-3 save holds empty tensors)
         assert {k: v.shape for k, v in saved.items()} == {k: v.shape for k, v in initial.items()}
     assert any(not saved[k].equal(initial[k]) for k in initial)
@@ -91,7 +87,7 @@ def test_zero3_saves_whole_weights_resumes_and_merges(tmp_path, tiny_model_dir):
         "gradient_checkpointing_kwargs: {use_reentrant: true}\n",
     )  # fmt: skip
     _launch_zero3(lora)
-    adapter = _tensors(tmp_path / "lora" / "rl" / "adapter_model.safetensors")
+    adapter = load_file(tmp_path / "lora" / "rl" / "adapter_model.safetensors")
     assert adapter and all(t.numel() > 0 for t in adapter.values())
     assert all(t.abs().sum() > 0 for k, t in adapter.items() if "lora_B" in k)
     report = merge_adapter(tmp_path / "lora" / "rl", tmp_path / "merged")

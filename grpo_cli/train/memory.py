@@ -8,11 +8,11 @@ completions per step), generate a step's completions in smaller batches, shorten
 from __future__ import annotations
 
 import functools
-import os
 import re
 import traceback
 
 from grpo_cli.errors import UserError
+from grpo_cli.launch import world_size
 from grpo_cli.recipe import Recipe
 from grpo_cli.recipe.check import generation_batch
 from grpo_cli.train.checkpoints import latest_checkpoint
@@ -20,10 +20,8 @@ from grpo_cli.train.checkpoints import latest_checkpoint
 # Function names on the traceback that place a failure, most specific first (the optimizer: by torch/optim files).
 PHASES = (
     ("generation", {"_generate", "_generate_single_turn", "sample_completions", "generate"}),
-    (
-        "scoring",
-        {"_generate_and_score_completions"},
-    ),  # log-probs of the batch without gradients (old policy, ref)
+    # the batch's log-probs without gradients (old policy, reference model)
+    ("scoring", {"_generate_and_score_completions"}),
     ("forward/backward", {"compute_loss", "backward", "training_step"}),
 )
 PHASE_TEXT = {
@@ -90,7 +88,7 @@ def _places(recipe: Recipe, *keys: str) -> str:
 def _generation_batch(recipe: Recipe) -> tuple[int, int, int]:
     """(completions each process generates at once, per_device_train_batch_size, steps_per_generation)."""
     values = recipe.resolved()
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    processes = world_size()
     micro = int(values["per_device_train_batch_size"])
     batch = generation_batch(values, processes) // processes
     return batch, micro, batch // micro
@@ -101,7 +99,8 @@ def memory_fixes(recipe: Recipe, phase: str) -> list[str]:
     values = recipe.resolved()
 
     def at(key: str) -> str:
-        return f" ({_places(recipe, key)[2:]})" if _places(recipe, key) else ""
+        place = _places(recipe, key)
+        return f" ({place[2:]})" if place else ""
 
     micro = int(values.get("per_device_train_batch_size") or 8)
     accumulation = int(values.get("gradient_accumulation_steps") or 1)
@@ -145,7 +144,7 @@ def memory_fixes(recipe: Recipe, phase: str) -> list[str]:
     if phase == "loading" and not values.get("load_in_4bit"):
         fixes.append("`load_in_4bit: true` with `use_peft: true` (QLoRA) loads the weights in 4 bits")
     if phase in ("forward/backward", "optimizer", "loading", "training"):
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if world_size() > 1:
             fixes.append(
                 "`--accelerate-config zero3_offload` keeps optimizer state and weights in CPU memory"
             )

@@ -39,9 +39,8 @@ class Sampling:
     top_k: int | None = 0
     top_p: float = 1.0
     min_p: float | None = None
-    greedy: bool = (
-        False  # the most likely token, the first of equals (generate's greedy decoding); no sampling
-    )
+    # the most likely token, the first of equals (generate's greedy decoding); no sampling
+    greedy: bool = False
 
 
 def unsupported_reason(model) -> str | None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from grpo_cli.atomic import write_text
 from grpo_cli.console import console
 from grpo_cli.errors import UserError
-from grpo_cli.launch import is_main_process
+from grpo_cli.launch import is_main_process, world_size
 from grpo_cli.models import gpu_problems, load_model, load_tokenizer, render_prompt
 from grpo_cli.recipe import Recipe
 from grpo_cli.train.checkpoints import GracefulStop, resume_point
@@ -43,7 +43,7 @@ def cpu_defaults(recipe: Recipe) -> None:
     """Defaults that suit a machine without a GPU, where the recipe left the key unset."""
     _default(recipe, "bf16", False, "no GPU")  # TRL turns bf16 mixed precision on by default: a CPU cannot run it
     _default(recipe, "dataloader_pin_memory", False, "no GPU")  # for copies to a GPU; torch warns without one
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if world_size() > 1:
         # Several CPU processes (torchrun, accelerate): without it each trains alone.
         _default(recipe, "use_cpu", True, "no GPU")
     if recipe.locations.get("cache_implementation") == "grpo default":
