@@ -66,7 +66,6 @@ CONFIGS = {
     "grpo": ("grpo", {"micro_batch": 32}),
     "grpo-mb8": ("grpo", {"micro_batch": 8}),
     "grpo-mb16": ("grpo", {"micro_batch": 16}),
-    "grpo-mb32": ("grpo", {"micro_batch": 32}),
     "grpo-mb64": ("grpo", {"micro_batch": 64}),
     "grpo-no-liger": (
         "grpo",
@@ -483,14 +482,15 @@ def summarize(result: dict, warmup: int, bandwidth: float | None) -> dict:
         "generate_s": generate_s,
         "reward_s": reward_s,
         "policy_s": med(s["step_s"] - s["generate_s"] - s["reward_s"] for s in steps),
-        "prepare_s": med(
-            s.get("prepare_s", 0.0) for s in steps
-        ),  # TRL's batch bookkeeping around gen/rewards
-        "train_s": med(s.get("train_s", 0.0) for s in steps),  # the micro-batches' forward, loss and backward
+        # TRL's batch bookkeeping around generation and rewards
+        "prepare_s": med(s.get("prepare_s", 0.0) for s in steps),
+        # the micro-batches' forward, loss and backward
+        "train_s": med(s.get("train_s", 0.0) for s in steps),
+        # the optimizer step, clipping, the scheduler, callbacks
         "other_s": med(
             s["step_s"] - s["generate_s"] - s["reward_s"] - s.get("prepare_s", 0.0) - s.get("train_s", 0.0)
             for s in steps
-        ),  # optimizer step, clipping, scheduler, callbacks
+        ),
         "completion_tokens_per_step": med(s["completion_tokens"] for s in steps),
         "tokens_per_s": med(s["completion_tokens"] for s in steps) / step_s,
     }

@@ -75,7 +75,7 @@ train() {
   cap=$(left); ((cap > RUN_CAP)) && cap=$RUN_CAP
   local peft=()
   [ "$kind" = lora ] && peft=(--use_peft true --lora_r 16 --lora_alpha 32 --lora_target_modules all-linear)
-  local acc=(--config_file configs/accelerate/$launcher.yaml --num_processes "$nproc" --main_process_port "$port")
+  local acc=(--config_file "configs/accelerate/$launcher.yaml" --num_processes "$nproc" --main_process_port "$port")
   local cpu=()
   local launcher_cmd=(python3 -m accelerate.commands.launch "${acc[@]}")
   if [ "$CPU" = 1 ]; then
@@ -85,7 +85,7 @@ train() {
     launcher_cmd+=(--mixed_precision no)
     cpu=(--bf16 false --use_cpu true)
   fi
-  local cmd=("${launcher_cmd[@]}" -m grpo_cli rl -c $B/rl.yaml
+  local cmd=("${launcher_cmd[@]}" -m grpo_cli rl -c "$B/rl.yaml"
              --model_name_or_path "$MODEL" --output_dir "$out" --max_steps "$steps" "${peft[@]}" "${cpu[@]}" "$@")
   echo "[$(date -u +%T)] START $name (cap ${cap}s, CUDA_VISIBLE_DEVICES=$gpus): ${cmd[*]}"
   local start=$SECONDS rc

@@ -38,10 +38,15 @@ python3 - "$W" <<'PY' > "$OUT/qlora-checks.json"
 import json, sys
 from pathlib import Path
 w = Path(sys.argv[1])
-summary = json.loads((w / "run" / "train_summary.json").read_text()) if (w / "run" / "train_summary.json").is_file() else {}
-adapter = json.loads((w / "run" / "adapter_config.json").read_text()) if (w / "run" / "adapter_config.json").is_file() else {}
-config = json.loads((w / "run" / "config.json").read_text()) if (w / "run" / "config.json").is_file() else {}
-merged = json.loads((w / "merged" / "config.json").read_text()) if (w / "merged" / "config.json").is_file() else {}
+
+
+def read(path, default):
+    return json.loads(path.read_text()) if path.is_file() else default
+
+
+summary = read(w / "run" / "train_summary.json", {})
+adapter = read(w / "run" / "adapter_config.json", {})
+merged = read(w / "merged" / "config.json", {})
 print(json.dumps({
     "global_step": summary.get("global_step"),
     "peak_gpu_memory_gib": summary.get("peak_gpu_memory_gib"),
@@ -51,7 +56,7 @@ print(json.dumps({
     "merged_quantization_config": merged.get("quantization_config"),
     "merged_dtype": merged.get("dtype") or merged.get("torch_dtype"),
     "rollout_lines": sum(1 for _ in open(w / "run" / "rollouts.jsonl")) if (w / "run" / "rollouts.jsonl").is_file() else 0,
-    "eval": json.loads((w / "eval" / "summary.json").read_text()) if (w / "eval" / "summary.json").is_file() else None,
+    "eval": read(w / "eval" / "summary.json", None),
 }, indent=1))
 PY
 cat "$OUT/qlora-checks.json"
