@@ -267,3 +267,50 @@ def test_benchmark_runs_baseline_and_grpo_side_by_side_on_cpu(tmp_path, demo_tok
     assert report["memory_limit_gib"] == 40  # a smaller card, on a GPU only
     if torch.cuda.is_available():  # where each step's peak lies
         assert all(f"peak_{phase}_gib" in grpo["summary"] for phase in ("generate", "train", "other"))
+
+
+def test_memory_trace_names_who_holds_the_peak_and_what_stays():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from memory_trace import live_blocks, peak
+
+    def frames(*sites):
+        return [{"filename": f, "line": n, "name": "f"} for f, n in sites]
+
+    torch_frame = ("/x/site-packages/torch/nn/modules/linear.py", 10)
+    weights = frames(torch_frame, ("/x/site-packages/transformers/modeling_utils.py", 5))
+    activation = frames(torch_frame, ("/x/site-packages/transformers/models/qwen2/modeling_qwen2.py", 7))
+    cache = frames(("/repo/grpo_cli/train/rollout.py", 99))
+    gib = 2**30
+    trace = [
+        {"action": "alloc", "addr": 1, "size": 2 * gib, "frames": weights},
+        {"action": "alloc", "addr": 2, "size": gib, "frames": cache},
+        {"action": "free_requested", "addr": 2, "size": gib, "frames": cache},
+        {"action": "free_completed", "addr": 2, "size": gib, "frames": cache},
+        {"action": "alloc", "addr": 3, "size": gib // 2, "frames": activation},
+        {"action": "alloc", "addr": 4, "size": gib // 4, "frames": activation},
+        {"action": "free_completed", "addr": 3, "size": gib // 2, "frames": activation},
+    ]
+    # From event 1 on, the peak is the cache's 3 GiB; from event 4 on, weights plus two activations, 2.75 GiB.
+    assert peak(trace)["peak_gib"] == 3.0
+    later = peak(trace, start=4)
+    assert later["peak_gib"] == 2.75
+    sites = {row["where"]: row for row in later["sites"]}
+    assert sites["transformers/modeling_utils.py:5 f"]["gib"] == 2.0
+    assert sites["transformers/models/qwen2/modeling_qwen2.py:7 f"] == {
+        "where": "transformers/models/qwen2/modeling_qwen2.py:7 f",
+        "gib": 0.75,
+        "count": 2,
+    }
+    snapshot = {
+        "segments": [
+            {
+                "blocks": [
+                    {"state": "active_allocated", "size": gib, "frames": cache},
+                    {"state": "inactive", "size": gib, "frames": weights},
+                ]
+            }
+        ]
+    }
+    kept = live_blocks(snapshot)
+    assert kept["allocated_gib"] == 1.0
+    assert kept["sites"] == [{"where": "grpo_cli/train/rollout.py:99 f", "gib": 1.0, "count": 1}]
