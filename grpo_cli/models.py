@@ -441,6 +441,11 @@ def gpu_problems(model_args, training_args=None, has_cuda: bool | None = None) -
         problems.append(
             f"use_liger_kernel: true needs Triton on a CUDA GPU - set use_liger_kernel: false {fix}"
         )
+    if _get(args, "activation_offloading"):
+        problems.append(
+            f"activation_offloading: true moves activations from a CUDA GPU to the CPU - set "
+            f"activation_offloading: false {fix}"
+        )
     if _get(args, "deepspeed"):
         problems.append(
             f"deepspeed: {_get(args, 'deepspeed')} needs CUDA GPUs - remove the deepspeed key {fix}"

@@ -159,11 +159,23 @@ def test_ctrl_c_saves_a_usable_checkpoint(tmp_path, tiny_model_dir):
 def test_gpu_options_on_cpu_get_a_clear_error(tmp_path, tiny_model_dir):
     if __import__("torch").cuda.is_available():
         pytest.skip("this machine has a GPU")
-    path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nload_in_4bit: true\nbf16: true\n")
+    extra = "use_peft: true\nload_in_4bit: true\nbf16: true\nactivation_offloading: true\n"
+    path = recipe_file(tmp_path, tiny_model_dir, "rl", extra)
     run = subprocess.run([sys.executable, "-m", "grpo_cli", "rl", "-c", str(path)], capture_output=True, text=True)
     assert run.returncode == 2
     assert "load_in_4bit" in run.stderr and "bf16" in run.stderr and "Traceback" not in run.stderr
+    assert "activation_offloading: true moves activations from a CUDA GPU" in run.stderr
     assert not (tmp_path / "rl" / "rollouts.jsonl").exists()
+
+
+def test_activation_offloading_is_one_key_for_both_commands():
+    cpu = ["--bf16", "false", "--use_cpu", "true"]  # what grpo sets on a CPU; GRPOConfig checks it
+    rl = load_recipe(None, ["--activation_offloading", "true", *cpu], "rl")
+    assert rl.memory.activation_offloading is True
+    assert not hasattr(rl.training_config(), "activation_offloading")  # grpo's own key for rl, not GRPOConfig's
+    assert load_recipe(None, [], "rl").memory.activation_offloading is False
+    sft = load_recipe(None, ["--activation_offloading", "true", *cpu], "sft")
+    assert sft.training_config().activation_offloading is True  # SFTConfig's own
 
 
 def test_cpu_defaults_fill_only_unset_keys(tmp_path, monkeypatch):

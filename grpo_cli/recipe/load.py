@@ -20,7 +20,7 @@ import yaml
 
 from grpo_cli.errors import UserError
 from grpo_cli.recipe import schema
-from grpo_cli.recipe.args import RewardArguments, TaskArguments, TrackingArguments
+from grpo_cli.recipe.args import MemoryArguments, RewardArguments, TaskArguments, TrackingArguments
 
 COMMAND_NAMES = {"rl": "grpo rl", "sft": "grpo sft"}
 TRUE, FALSE = {"true", "yes", "1", "on"}, {"false", "no", "0", "off"}
@@ -78,6 +78,10 @@ class Recipe:
     @property
     def tracking(self) -> TrackingArguments:
         return self._build(TrackingArguments)
+
+    @property
+    def memory(self) -> MemoryArguments:
+        return self._build(MemoryArguments)
 
     def model_config(self):
         """TRL's ModelConfig for this recipe (imports trl)."""

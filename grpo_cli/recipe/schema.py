@@ -121,6 +121,7 @@ def read_live() -> dict:
         groups = {"model": model, "training": _fields(config), "task": own["task"], "tracking": own["tracking"]}
         if command == "rl":
             groups["reward"] = own["reward"]
+            groups["memory"] = own["memory"]  # for sft, SFTConfig has the same key
             for name, choices in RL_CHOICES.items():
                 groups["training"][name]["choices"] = choices
         keys: dict[str, dict] = {}

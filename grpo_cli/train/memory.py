@@ -133,6 +133,11 @@ def memory_fixes(recipe: Recipe, phase: str) -> list[str]:
             f"`gradient_checkpointing: true`{at('gradient_checkpointing')} recomputes activations instead of "
             "keeping them"
         )
+    if phase in ("forward/backward", "training") and not values.get("activation_offloading"):
+        fixes.append(
+            "`activation_offloading: true` keeps the activations the backward pass needs in CPU memory "
+            "(longer steps)"
+        )
     if phase == "scoring" and float(values.get("beta") or 0.0) > 0:
         fixes.append(f"`beta: 0.0`{at('beta')} drops the reference model and its forward pass")
     if phase in ("forward/backward", "optimizer", "loading", "training") and full_model:

@@ -18,10 +18,22 @@ from grpo_cli.train.rollout import static_rollout
 from grpo_cli.train.run import TrainingRun
 
 
-class RolloutRecorder(GRPOTrainer):
-    """GRPOTrainer that also appends every scored rollout (prompt, completion, rewards, advantage) to a JSONL file."""
+class RLTrainer(GRPOTrainer):
+    """GRPOTrainer that also appends every scored rollout (prompt, completion, rewards, advantage) to a JSONL file,
+    and can keep each micro-batch's activations in CPU memory (`activation_offloading`)."""
 
     rollouts_path: Path | None = None
+    activation_offloading: bool = False
+
+    def training_step(self, *args, **kwargs):
+        if not self.activation_offloading:
+            return super().training_step(*args, **kwargs)
+        if not hasattr(self, "_offload_context"):
+            from trl.models import get_act_offloading_ctx_manager
+
+            self._offload_context = get_act_offloading_ctx_manager(self.model)
+        with self._offload_context:  # generation runs here too, without gradients: nothing of it is offloaded
+            return super().training_step(*args, **kwargs)
 
     def _generate_and_score_completions(self, inputs):
         before = len(self._logs["advantages"])
@@ -82,7 +94,7 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
         # TRL 1.16 still applies liger's kernels through `use_liger_kernel` (grpo's GPU default); its notice that
         # the flag will change in TRL 2 is for library users, not for a grpo run.
         warnings.filterwarnings("ignore", message="`use_liger_kernel=True` is deprecated")
-        trainer = RolloutRecorder(
+        trainer = RLTrainer(
             model=model,
             reward_funcs=rewards,
             args=run.args,
@@ -92,6 +104,7 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
             callbacks=run.callbacks(),
             rollout_func=static_rollout(run.args, model),  # None: TRL's own generation
         )
+    trainer.activation_offloading = recipe.memory.activation_offloading
     if trainer.accelerator.is_main_process:
         trainer.rollouts_path = Path(run.args.output_dir) / "rollouts.jsonl"
     return run.train(trainer)
