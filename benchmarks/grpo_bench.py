@@ -64,6 +64,7 @@ SHAPES = {  # Qwen2.5 shapes (config.json of the released models), random weight
 CONFIGS = {
     "trl": ("trl", {}),
     "grpo": ("grpo", {"micro_batch": 32}),
+    "grpo-mb4": ("grpo", {"micro_batch": 4}),
     "grpo-mb8": ("grpo", {"micro_batch": 8}),
     "grpo-mb16": ("grpo", {"micro_batch": 16}),
     "grpo-mb64": ("grpo", {"micro_batch": 64}),
@@ -74,8 +75,12 @@ CONFIGS = {
     "grpo-no-gc": ("grpo", {"micro_batch": 32, "gradient_checkpointing": False}),
     "grpo-dynamic": ("grpo", {"micro_batch": 32, "cache_implementation": "dynamic"}),  # TRL's model.generate
     "grpo-cb": ("grpo", {"use_transformers_continuous_batching": True, "cache_implementation": None}),
+    # TRL's activation offloading around each micro-batch (grpo's `activation_offloading`)
+    "grpo-offload": ("grpo", {"micro_batch": 32, "activation_offloading": True}),
+    "grpo-mb8-offload": ("grpo", {"micro_batch": 8, "activation_offloading": True}),
 }
 TRL_MICRO_BATCH = 8  # GRPOConfig's default per_device_train_batch_size
+MEMORY_EVENTS = 20_000_000  # allocations and frees `--memory` keeps; more, and the oldest are dropped
 
 # (shape, completion length, config, time cap in seconds, optimizer steps), most wanted first; configurations start
 # while the time budget lasts. The baselines' steps are long and alike: one warm-up step and one timed.
@@ -101,10 +106,12 @@ def _write_json(path: Path, data: dict) -> None:
     write_text(path, json.dumps(data, indent=1))
 
 
-def _install_timers(record: dict, out: Path, steps: int, profile: str = "") -> None:
+def _install_timers(record: dict, out: Path, steps: int, profile: str = "", memory: str = "") -> None:
     """Time generation, reward scoring, the rest of the batch preparation, the micro-batches' forward/backward and
     whole optimizer steps of any GRPOTrainer in this process; keep each logged step's metrics. With `profile`, the
-    third step runs under torch.profiler (its tables go to the file `profile` names) and is left out of the timings."""
+    third step runs under torch.profiler (its tables go to the file `profile` names) and is left out of the timings.
+    With `memory` (memory history recording since the process began), the file it names gets what is allocated
+    between the last two steps and at the last step's peak, grouped by allocation site."""
     import torch
     from transformers.trainer_callback import CallbackHandler
     from trl import GRPOTrainer
@@ -141,6 +148,7 @@ def _install_timers(record: dict, out: Path, steps: int, profile: str = "") -> N
         clock["peak"] = max(clock["peak"], peak)  # the process's peak, model load included
         key = f"peak_{phase}_bytes"
         pending[key] = max(pending.get(key, 0), peak)
+
     generate, calculate_rewards = GRPOTrainer._generate, GRPOTrainer._calculate_rewards
     prepare, training_step = GRPOTrainer._generate_and_score_completions, GRPOTrainer.training_step
     step_begin, step_end, on_log = (
@@ -188,7 +196,9 @@ def _install_timers(record: dict, out: Path, steps: int, profile: str = "") -> N
         phase_peak("other")
         output = training_step(self, *args, **kwargs)
         pending["train_s"] += now() - start
-        phase_peak("train")  # the forward/backward, and the batch preparation after generation when it ran here
+        phase_peak(
+            "train"
+        )  # the forward/backward, and the batch preparation after generation when it ran here
         return output
 
     def logged(self, args, state, control, logs=None, **kwargs):
@@ -222,6 +232,8 @@ def _install_timers(record: dict, out: Path, steps: int, profile: str = "") -> N
             Path(profile).write_text("\n\n".join(tables))
             clock["profiler"] = None
         record["steps"].append(step)
+        if memory and cuda and len(record["steps"]) >= steps - 1:
+            _memory_report(Path(memory), clock, last=len(record["steps"]) == steps)
         pending.clear()
         pending.update(fresh())
         done = len(record["steps"]) >= steps
@@ -248,6 +260,24 @@ def _install_timers(record: dict, out: Path, steps: int, profile: str = "") -> N
     CallbackHandler.on_log = logged
     CallbackHandler.on_train_begin = on_train_begin
     CallbackHandler.on_step_end = on_step_end
+
+
+def _memory_report(path: Path, clock: dict, last: bool) -> None:
+    """Before the last step: what stays allocated between steps. After it: what is allocated at its peak."""
+    import torch
+    from memory_trace import live_blocks, peak
+
+    snapshot = torch.cuda.memory._snapshot()
+    trace = snapshot["device_traces"][0]
+    report = json.loads(path.read_text()) if path.is_file() else {}
+    if not last:
+        clock["trace_start"] = len(trace)
+        report["between_steps"] = live_blocks(snapshot)
+    else:
+        report["peak_last_step"] = peak(trace, clock.get("trace_start", 0))
+        report["trace_events"] = len(trace)
+        report["trace_complete"] = len(trace) < MEMORY_EVENTS
+    _write_json(path, report)
 
 
 def _shared_keys(spec: dict) -> dict:
@@ -347,7 +377,9 @@ def worker(spec_path: Path) -> None:
     if spec.get("memory_limit_gib") and torch.cuda.is_available():  # a smaller card: past it, out of memory
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, spec["memory_limit_gib"] * 2**30 / total))
-    _install_timers(record, out, spec["steps"], spec.get("profile", ""))
+    if spec.get("memory") and torch.cuda.is_available():
+        torch.cuda.memory._record_memory_history(max_entries=MEMORY_EVENTS, stacks="python")
+    _install_timers(record, out, spec["steps"], spec.get("profile", ""), spec.get("memory", ""))
     work = Path(tempfile.mkdtemp(prefix="grpo-bench-"))
     (run_trl if spec["side"] == "trl" else run_grpo)(spec, work / "run")
     record["status"] = "done"
@@ -547,7 +579,9 @@ def _run_worker(spec: dict, cap: float, log: Path) -> dict:
     elif result.get("status") != "done":
         text = log.read_text(errors="replace")
         # torch's error on the plain TRL side; grpo's own message (the same error, explained) on the other
-        out_of_memory = any(m in text for m in ("OutOfMemoryError", "CUDA out of memory", "out of GPU memory"))
+        out_of_memory = any(
+            m in text for m in ("OutOfMemoryError", "CUDA out of memory", "out of GPU memory")
+        )
         result["status"] = "out of memory" if out_of_memory else f"failed (exit {code})"
         result["log_tail"] = text.strip().splitlines()[-15:]
     return result
@@ -653,6 +687,11 @@ def main(argv: list[str] | None = None) -> None:
         help="cap every configuration's GPU memory (a smaller card): the longest completion that fits",
     )
     parser.add_argument("--profile", default="", help="comma-separated configs whose third step is profiled")
+    parser.add_argument(
+        "--memory",
+        default="",
+        help="comma-separated configs whose allocations are recorded: who holds memory between steps and at the peak",
+    )
     parser.add_argument("--out", default="benchmarks/results.json")
     parser.add_argument("--work", help="folder for models and logs (default: a temporary one)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -678,6 +717,7 @@ def main(argv: list[str] | None = None) -> None:
     rewards = args.rewards.split(",")
     training = {} if args.learning_rate is None else {"learning_rate": args.learning_rate}
     profile = set(filter(None, args.profile.split(",")))
+    memory = set(filter(None, args.memory.split(",")))
     work = Path(args.work or tempfile.mkdtemp(prefix="grpo-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out)
@@ -753,6 +793,7 @@ def main(argv: list[str] | None = None) -> None:
             "profile": str(out.parent / f"{shape}-{length}-{config}.profile.txt")
             if config in profile
             else "",
+            "memory": str(out.parent / f"{shape}-{length}-{config}.memory.json") if config in memory else "",
             "out": str(work / f"{shape}-{length}-{config}.json"),
         }
         result = _run_worker(spec, min(cap, remaining), work / f"{shape}-{length}-{config}.log")
