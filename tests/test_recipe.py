@@ -182,3 +182,17 @@ def test_help_does_not_import_torch():
            "try:\n    app()\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_keys_list_cuts_long_help_at_a_word_and_a_search_shows_it_whole(monkeypatch, capsys):
+    from grpo_cli.console import console
+    from grpo_cli.recipe.show import print_keys
+
+    monkeypatch.setattr(console, "width", 400)
+    print_keys("rl", "activation_offloading")
+    whole = capsys.readouterr().err
+    assert "activation_offloading" in whole and "1024 tokens: 2.8 GiB less, 20% longer)." in whole
+    print_keys("rl", None)
+    listing = capsys.readouterr().err
+    row = next(line for line in listing.splitlines() if "activation_offloading" in line)
+    assert "CUDA only): less ..." in row and "GPU memory" not in row  # cut before a word, not in one

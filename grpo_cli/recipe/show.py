@@ -59,7 +59,10 @@ def print_keys(command: str, search: str | None) -> None:
         kind = spec["type"] + (f" of {spec['item']}" if "item" in spec else "")
         if "choices" in spec:
             kind = " | ".join(map(str, spec["choices"][:8])) + (" | ..." if len(spec["choices"]) > 8 else "")
-        table.add_row(key, spec["group"], kind, repr(spec.get("default")), spec.get("help", "")[:120])
+        text = spec.get("help", "")
+        if not search and len(text) > 120:  # the whole list stays compact; a search shows the key's whole help
+            text = text[:120].rsplit(" ", 1)[0] + " ..."
+        table.add_row(key, spec["group"], kind, repr(spec.get("default")), text)
     console.print(table)
 
 
