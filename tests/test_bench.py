@@ -314,3 +314,23 @@ def test_memory_trace_names_who_holds_the_peak_and_what_stays():
     kept = live_blocks(snapshot)
     assert kept["allocated_gib"] == 1.0
     assert kept["sites"] == [{"where": "grpo_cli/train/rollout.py:99 f", "gib": 1.0, "count": 1}]
+
+
+@pytest.mark.gpu
+def test_rollouts_leave_no_gpu_memory_behind():
+    """Each rollout captures CUDA graphs on the same side stream and releases cuBLAS's workspaces after: what is
+    allocated between rollouts does not grow (a new stream per capture left 32 MiB behind each time)."""
+    import torch
+
+    from grpo_cli.train import rollout
+
+    model = tiny_model("qwen2").to("cuda", torch.bfloat16)
+    prompts = PROMPTS * 4
+    rollout.sample_completions(model, prompts, 40, [299], 0)  # the first one builds cuBLAS handles
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for _ in range(3):
+        rollout.sample_completions(model, prompts, 40, [299], 0)
+    torch.cuda.synchronize()
+    assert not rollout._GRAPHS_BROKEN
+    assert torch.cuda.memory_allocated() <= before
