@@ -196,9 +196,8 @@ def _install_timers(record: dict, out: Path, steps: int, profile: str = "", memo
         phase_peak("other")
         output = training_step(self, *args, **kwargs)
         pending["train_s"] += now() - start
-        phase_peak(
-            "train"
-        )  # the forward/backward, and the batch preparation after generation when it ran here
+        # the forward/backward, and the batch preparation after generation when it ran here
+        phase_peak("train")
         return output
 
     def logged(self, args, state, control, logs=None, **kwargs):
@@ -579,9 +578,7 @@ def _run_worker(spec: dict, cap: float, log: Path) -> dict:
     elif result.get("status") != "done":
         text = log.read_text(errors="replace")
         # torch's error on the plain TRL side; grpo's own message (the same error, explained) on the other
-        out_of_memory = any(
-            m in text for m in ("OutOfMemoryError", "CUDA out of memory", "out of GPU memory")
-        )
+        out_of_memory = any(m in text for m in ("OutOfMemoryError", "CUDA out of memory", "out of GPU memory"))
         result["status"] = "out of memory" if out_of_memory else f"failed (exit {code})"
         result["log_tail"] = text.strip().splitlines()[-15:]
     return result

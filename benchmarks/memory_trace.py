@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 # Frames inside these are how an allocation happened, not who asked for it.
-_MACHINERY = ("/torch/", "/contextlib.py", "/functools.py", "/threading.py", "<frozen ", "memory_trace.py")
+_MACHINERY = ("/torch/", "/contextlib.py", "/functools.py", "/threading.py", "<frozen ")
 # The first frame in these says which part of a step an allocation belongs to.
 _CALLERS = ("/grpo_cli/", "/trl/", "/accelerate/", "/transformers/trainer", "/peft/", "/liger_kernel/")
 
@@ -71,11 +71,12 @@ def live_blocks(snapshot: dict, top: int = 15) -> dict:
     return {"allocated_gib": sum(s for _, s in items) / 2**30, "sites": _grouped(items, top)}
 
 
-def _replay(trace: list[dict], until: int):
-    """Yield each event's index, the bytes allocated after it and the live allocations (address -> size, event)."""
-    live: dict[int, tuple[int, str]] = {}
+def _replay(trace: list[dict]):
+    """Yield, after each allocation or free, its index, the bytes then allocated and the live allocations
+    (address -> (size, event); the same dict throughout, updated in place)."""
+    live: dict[int, tuple[int, dict]] = {}
     total = 0
-    for index, event in enumerate(trace[: until + 1]):
+    for index, event in enumerate(trace):
         action = event.get("action")
         if action == "alloc":
             live[event["addr"]] = (event["size"], event)
@@ -89,11 +90,11 @@ def peak(trace: list[dict], start: int = 0, top: int = 15) -> dict:
     """Replay a device trace (allocations and frees since recording began) and group what was allocated at the
     highest point reached at or after event `start`."""
     best, at = 0, -1
-    for index, total, _ in _replay(trace, len(trace) - 1):
+    for index, total, _ in _replay(trace):
         if index >= start and total > best:
             best, at = total, index
     live: dict = {}
-    for _, _, live in _replay(trace, at):
+    for index, _, live in _replay(trace[: at + 1]):  # again, up to the peak: what was live there
         pass
     items = [(site(event.get("frames", [])), size) for size, event in live.values()]
     return {"peak_gib": best / 2**30, "sites": _grouped(items, top)}
