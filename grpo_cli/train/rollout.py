@@ -136,12 +136,11 @@ class _Decoder:
                     scale=self.scaling,
                 )
             else:
-                # Queries grouped by their key/value head: keys and values are read once per group, never repeated.
+                # One query per row, grouped by its key/value head ([batch, kv_heads, groups, dim]): the fused kernel
+                # reads each key/value head once, never repeated, and the mask [batch, 1, 1, keys] holds for all.
                 q = q.reshape(batch, self.kv_heads, groups, self.head_dim)
-                scores = torch.matmul(q, keys.transpose(-1, -2)).float() * self.scaling
-                scores = scores.masked_fill(~mask, float("-inf"))
-                probs = torch.softmax(scores, dim=-1).to(values.dtype)
-                out = torch.matmul(probs, values).view(batch, self.heads, 1, self.head_dim)
+                out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
+                out = out.view(batch, self.heads, 1, self.head_dim)
             h = h + attn.o_proj(out.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.lm_head(self.core.norm(h[:, -1:, :]))[:, -1, :]
