@@ -59,11 +59,15 @@ SHAPES = {  # Qwen2.5 shapes (config.json of the released models), random weight
 # `grpo rl` through grpo_cli.train.rl.run_rl, so they get the project's defaults unless a key here says otherwise.
 # `micro_batch` is not a recipe key: it is how many completions one forward/backward takes (the side's
 # per_device_train_batch_size); gradient_accumulation_steps follows, so every configuration does the same GRPO work.
-# "grpo" splits the step's completions into micro-batches of 32 (gradient_accumulation_steps 4), the split the
-# built-in recipes recommend: the same GRPO work (TRL's losses sum or average over the whole step either way).
+# "grpo" splits the step's completions as the countdown recipe does (8 completions of 1024 tokens): micro-batches
+# of about 8192 completion tokens, at most 32 completions (`recipe_micro_batch`): the same GRPO work either way (TRL's
+# losses sum or average over the whole step).
 CONFIGS = {
     "trl": ("trl", {}),
-    "grpo": ("grpo", {"micro_batch": 32}),
+    "grpo": ("grpo", {"micro_batch": "recipe"}),
+    "grpo-mb32": ("grpo", {"micro_batch": 32}),
+    # TRL's LM-head backward instead of grpo's (`grpo_cli/train/lm_head.py`)
+    "grpo-trl-head": ("grpo", {"micro_batch": "recipe", "lean_lm_head": False}),
     "grpo-mb4": ("grpo", {"micro_batch": 4}),
     "grpo-mb8": ("grpo", {"micro_batch": 8}),
     "grpo-mb16": ("grpo", {"micro_batch": 16}),
@@ -80,6 +84,16 @@ CONFIGS = {
     "grpo-mb8-offload": ("grpo", {"micro_batch": 8, "activation_offloading": True}),
 }
 TRL_MICRO_BATCH = 8  # GRPOConfig's default per_device_train_batch_size
+MICRO_BATCH_TOKENS = 8192  # completion tokens per micro-batch in the countdown recipe (8 x 1024)
+
+
+def recipe_micro_batch(length: int) -> int:
+    """Completions per micro-batch at about MICRO_BATCH_TOKENS completion tokens: a power of two, 1 to 32."""
+    micro = 32
+    while micro > 1 and micro * length > MICRO_BATCH_TOKENS:
+        micro //= 2
+    return micro
+
 MEMORY_EVENTS = 20_000_000  # allocations and frees `--memory` keeps; more, and the oldest are dropped
 
 # (shape, completion length, config, time cap in seconds, optimizer steps), most wanted first; configurations start
@@ -346,8 +360,11 @@ def run_grpo(spec: dict, output_dir: Path) -> None:
     import yaml
 
     from grpo_cli.recipe import load_recipe
-    from grpo_cli.train.rl import run_rl
+    from grpo_cli.train import rl
 
+    overrides = dict(spec["overrides"])
+    if not overrides.pop("lean_lm_head", True):
+        rl.use_lean_lm_head = lambda: None  # keep TRL's LM-head backward
     cuda = torch.cuda.is_available()
     recipe = {
         "model_name_or_path": spec["model"],
@@ -358,11 +375,11 @@ def run_grpo(spec: dict, output_dir: Path) -> None:
         "reward_funcs": spec["rewards"],
         "output_dir": str(output_dir),
         **_shared_keys(spec),
-        **spec["overrides"],
+        **overrides,
     }
     path = output_dir.parent / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    run_rl(load_recipe(str(path), [], "rl"), resume=False, overwrite=True)
+    rl.run_rl(load_recipe(str(path), [], "rl"), resume=False, overwrite=True)
 
 
 def worker(spec_path: Path) -> None:
@@ -755,6 +772,8 @@ def main(argv: list[str] | None = None) -> None:
         side, overrides = CONFIGS[config]
         overrides = dict(overrides)
         micro_batch = overrides.pop("micro_batch", TRL_MICRO_BATCH)
+        if micro_batch == "recipe":
+            micro_batch = recipe_micro_batch(length)
         entry = {
             "shape": shape,
             "length": length,

@@ -269,6 +269,17 @@ def test_benchmark_runs_baseline_and_grpo_side_by_side_on_cpu(tmp_path, demo_tok
         assert all(f"peak_{phase}_gib" in grpo["summary"] for phase in ("generate", "train", "other"))
 
 
+def test_grpo_config_splits_steps_as_the_countdown_recipe_does():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from grpo_bench import recipe_micro_batch
+
+    recipe = load_recipe(str(ROOT / "recipes" / "countdown.yaml"), [], "rl")
+    values = recipe.values
+    length = values["max_completion_length"]
+    assert recipe_micro_batch(length) == values["per_device_train_batch_size"]
+    assert [recipe_micro_batch(n) for n in (64, 256, 512, 2048, 8192, 20000)] == [32, 32, 16, 4, 1, 1]
+
+
 def test_memory_trace_names_who_holds_the_peak_and_what_stays():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from memory_trace import live_blocks, peak
