@@ -66,8 +66,6 @@ CONFIGS = {
     "trl": ("trl", {}),
     "grpo": ("grpo", {"micro_batch": "recipe"}),
     "grpo-mb32": ("grpo", {"micro_batch": 32}),
-    # TRL's LM-head backward instead of grpo's (`grpo_cli/train/lm_head.py`)
-    "grpo-trl-head": ("grpo", {"micro_batch": "recipe", "lean_lm_head": False}),
     "grpo-mb4": ("grpo", {"micro_batch": 4}),
     "grpo-mb8": ("grpo", {"micro_batch": 8}),
     "grpo-mb16": ("grpo", {"micro_batch": 16}),
@@ -360,11 +358,8 @@ def run_grpo(spec: dict, output_dir: Path) -> None:
     import yaml
 
     from grpo_cli.recipe import load_recipe
-    from grpo_cli.train import rl
+    from grpo_cli.train.rl import run_rl
 
-    overrides = dict(spec["overrides"])
-    if not overrides.pop("lean_lm_head", True):
-        rl.use_lean_lm_head = lambda: None  # keep TRL's LM-head backward
     cuda = torch.cuda.is_available()
     recipe = {
         "model_name_or_path": spec["model"],
@@ -375,11 +370,11 @@ def run_grpo(spec: dict, output_dir: Path) -> None:
         "reward_funcs": spec["rewards"],
         "output_dir": str(output_dir),
         **_shared_keys(spec),
-        **overrides,
+        **spec["overrides"],
     }
     path = output_dir.parent / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    rl.run_rl(load_recipe(str(path), [], "rl"), resume=False, overwrite=True)
+    run_rl(load_recipe(str(path), [], "rl"), resume=False, overwrite=True)
 
 
 def worker(spec_path: Path) -> None:

@@ -13,7 +13,6 @@ from pathlib import Path
 from trl import GRPOTrainer
 
 from grpo_cli.recipe import Recipe, reward_names
-from grpo_cli.train.lm_head import use_lean_lm_head
 from grpo_cli.train.memory import explains_out_of_memory
 from grpo_cli.train.rollout import static_rollout
 from grpo_cli.train.run import TrainingRun
@@ -88,7 +87,6 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
     names = reward_names(recipe)
     rewards = [conversational(f) for f in build_reward_funcs(names, recipe.reward.reward_timeout)]
     model = run.load_model()
-    use_lean_lm_head()  # the policy's LM head gradient without a float32 copy of the whole head
 
     with warnings.catch_warnings():
         # The rollout function is grpo's own, not an experiment of the user's: TRL's warning about it is noise.
