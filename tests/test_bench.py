@@ -280,6 +280,19 @@ def test_grpo_config_splits_steps_as_the_countdown_recipe_does():
     assert [recipe_micro_batch(n) for n in (64, 256, 512, 2048, 8192, 20000)] == [32, 32, 16, 4, 1, 1]
 
 
+def test_a_plan_entry_may_name_a_demo_model_with_its_pretrained_weights(demo_tokenizer_dir):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from distributed.rewards import digit_share
+    from grpo_bench import pretrained_model
+
+    folder, sizes = pretrained_model("smollm2-135m-instruct", "cpu")
+    config = json.loads((folder / "config.json").read_text())
+    assert (sizes["layers"], sizes["kv_heads"]) == (config["num_hidden_layers"], config["num_key_value_heads"])
+    assert 130e6 < sizes["parameters"] < 140e6 and sizes["weight_bytes"] == 4 * sizes["parameters"]
+    # the curve's reward for it: the share of digits, plain or conversational completions
+    assert digit_share(["a1b2", "", [{"role": "assistant", "content": "7"}]]) == [0.5, 0.0, 1.0]
+
+
 def test_memory_trace_names_who_holds_the_peak_and_what_stays():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from memory_trace import live_blocks, peak
