@@ -7,7 +7,8 @@ Every configuration trains the same random-weight model (real tokenizer) on the 
 with the same prompts and generations per optimizer step, completion length, optimizer steps and seed, each in its
 own process (so peak memory is its own). Random weights rarely emit EOS: completions run to the length limit on
 both sides. A plan entry may name a demo model (`smollm2-135m-instruct`) instead of a shape: its pretrained weights,
-for learning curves whose reward moves. The table goes to stderr, the numbers to a JSON file rewritten after each configuration.
+for learning curves whose reward moves. The table goes to stderr, the numbers to a JSON file rewritten after each
+configuration.
 """
 
 from __future__ import annotations
