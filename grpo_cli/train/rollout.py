@@ -139,7 +139,9 @@ class _Decoder:
                 # One query per row, grouped by its key/value head ([batch, kv_heads, groups, dim]): the fused kernel
                 # reads each key/value head once, never repeated, and the mask [batch, 1, 1, keys] holds for all.
                 q = q.reshape(batch, self.kv_heads, groups, self.head_dim)
-                out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    q, keys, values, attn_mask=mask, scale=self.scaling
+                )
                 out = out.view(batch, self.heads, 1, self.head_dim)
             h = h + attn.o_proj(out.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
