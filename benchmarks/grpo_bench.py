@@ -807,11 +807,11 @@ def main(argv: list[str] | None = None) -> None:
             entry["status"] = "not run (time budget)"
             report["results"].append(entry)
             continue
-        if shape not in models and shape in SHAPES:
+        if shape not in models and shape not in SHAPES:  # a demo model's name: its pretrained weights
+            models[shape] = pretrained_model(shape, args.device)
+        elif shape not in models:
             folder = work / f"model-{shape}"
             models[shape] = (folder, build_model(shape, tokenizer_dir, folder, args.device))
-        elif shape not in models:  # a demo model's name: its pretrained weights
-            models[shape] = pretrained_model(shape, args.device)
         folder, sizes = models[shape]
         spec = {
             "side": side,

@@ -270,9 +270,8 @@ def _rows_free_memory_holds(model, prompt_ids: list[list[int]], max_new_tokens: 
     prompt_len = max(len(ids) for ids in prompt_ids)
     free = free_gpu_bytes(device)
     rows = rows_that_fit(model, prompt_len, max_new_tokens, free)
-    if rows_that_fit(model, prompt_len, max_new_tokens, free_gpu_bytes(device, cached=False)) < min(
-        rows, len(prompt_ids)
-    ):
+    uncached = rows_that_fit(model, prompt_len, max_new_tokens, free_gpu_bytes(device, cached=False))
+    if uncached < min(rows, len(prompt_ids)):
         # The batch counts on memory torch keeps cached from the last forward/backward, in blocks that may be too
         # small for the cache's tensors (a 24 GiB card ran out there with 5 GiB of them): hand them back first.
         torch.cuda.empty_cache()
