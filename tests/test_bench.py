@@ -21,16 +21,16 @@ def tiny_model(kind: str, **extra):
         "qwen2": (Qwen2Config, Qwen2ForCausalLM),
         "llama": (LlamaConfig, LlamaForCausalLM),
     }[kind]
-    config = config_cls(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        **extra,
-    )
+    shape = {
+        "vocab_size": 300,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+    }
+    config = config_cls(**{**shape, **extra})
     torch.manual_seed(0)
     return model_cls(config).eval()
 

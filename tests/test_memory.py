@@ -87,7 +87,7 @@ def test_out_of_memory_in_the_backward_names_the_micro_batch_and_the_checkpoint(
     assert problem.startswith("out of GPU memory in the policy's forward/backward")
     assert "`per_device_train_batch_size: 2` with `gradient_accumulation_steps: 2`" in problem
     assert "`gradient_checkpointing: true`" in problem and "`use_peft: true`" in problem
-    assert "`activation_offloading: true`" in problem
+    assert "`activation_offloading: true`" in problem and "`lean_lm_head: true`" in problem
     assert f"resume from {tmp_path / 'rl' / 'checkpoint-1'}" in problem
     assert (tmp_path / "rl" / "checkpoint-1" / "trainer_state.json").is_file()  # the saved step stays usable
 
@@ -109,6 +109,7 @@ def test_out_of_memory_in_the_optimizer_step(tmp_path, tiny_model_dir):
     assert problem.startswith("out of GPU memory in the optimizer step")
     assert "`optim: adamw_8bit`" in problem and "`use_peft: true`" in problem and "zero3" in problem
     assert "activation_offloading" not in problem  # activations are gone by the optimizer step
+    assert "lean_lm_head" not in problem
 
 
 def test_other_errors_pass_through(monkeypatch, tmp_path, tiny_model_dir):

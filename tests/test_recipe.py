@@ -117,6 +117,22 @@ def test_process_count_changes_divisibility(tmp_path):
     assert "4 per device x 3 processes x 1 accumulation = 12" in rows["effective batch"]
 
 
+def test_activation_offloading_needs_gradient_checkpointing(tmp_path):
+    path = write(tmp_path, GOOD + "    gradient_checkpointing: false\n    activation_offloading: true\n")
+    recipe = load_recipe(str(path), [], "rl")
+    with pytest.raises(UserError) as err:
+        check_recipe(recipe)
+    line = GOOD.count("\n")  # gradient_checkpointing's (the leading newline is stripped)
+    assert err.value.problems == [
+        (
+            f"{path}:{line + 1}: `activation_offloading` moves the inputs that gradient checkpointing keeps, and "
+            f"`gradient_checkpointing` is false ({path}:{line}) - set `gradient_checkpointing: true`, or drop "
+            "`activation_offloading`"
+        )
+    ]
+    check_recipe(load_recipe(str(path), ["--gradient_checkpointing", "true"], "rl"))
+
+
 def test_unknown_rewards_weights_and_missing_files(tmp_path):
     path = write(
         tmp_path,
@@ -191,8 +207,8 @@ def test_keys_list_cuts_long_help_at_a_word_and_a_search_shows_it_whole(monkeypa
     monkeypatch.setattr(console, "width", 400)
     print_keys("rl", "activation_offloading")
     whole = capsys.readouterr().err
-    assert "activation_offloading" in whole and "1024 tokens: 2.8 GiB less, 20% longer)." in whole
+    assert "activation_offloading" in whole and "micro-batches of 32: 0.51 GiB less, 10% longer)." in whole
     print_keys("rl", None)
     listing = capsys.readouterr().err
     row = next(line for line in listing.splitlines() if "activation_offloading" in line)
-    assert "CUDA only): less ..." in row and "GPU memory" not in row  # cut before a word, not in one
+    assert "backward passes (CUDA ..." in row and "only;" not in row  # cut before a word, not in one

@@ -108,9 +108,17 @@ class MemoryArguments:
     activation_offloading: bool = field(
         default=False,
         metadata={
-            "help": "Keep each micro-batch's activations for the backward pass in CPU memory (TRL's activation "
-            "offloading; CUDA only): less GPU memory, longer steps (Qwen2.5-1.5B shape, 1024 tokens: 2.8 GiB "
-            "less, 20% longer)."
+            "help": "Keep each checkpointed decoder layer's input in CPU memory between a micro-batch's forward and "
+            "backward passes (CUDA only; needs gradient_checkpointing): less GPU memory, longer steps "
+            "(Qwen2.5-0.5B shape, 256 tokens, micro-batches of 32: 0.51 GiB less, 10% longer)."
+        },
+    )
+    lean_lm_head: bool = field(
+        default=False,
+        metadata={
+            "help": "Sum the LM head's weight gradient one vocabulary chunk at a time, instead of in one float32 "
+            "tensor the size of the head: the same gradients in less GPU memory, longer steps (Qwen2.5-0.5B "
+            "shape, 256 tokens, micro-batches of 32: 0.18 GiB less, 6% longer)."
         },
     )
 

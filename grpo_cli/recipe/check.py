@@ -126,6 +126,12 @@ def check_recipe(
     if recipe.command == "rl":
         problems += _batch_problems(recipe, num_processes)
         problems += _reward_problems(recipe)
+        if recipe.memory.activation_offloading and recipe.values.get("gradient_checkpointing") is False:
+            problems.append(
+                f"{recipe.where('activation_offloading')}: `activation_offloading` moves the inputs that gradient "
+                f"checkpointing keeps, and `gradient_checkpointing` is false ({recipe.where('gradient_checkpointing')})"
+                " - set `gradient_checkpointing: true`, or drop `activation_offloading`"
+            )
     if problems:
         raise UserError(*sorted(problems, key=problem_order))
     return build_plan(recipe, num_processes, accelerate_config)

@@ -136,8 +136,11 @@ def memory_fixes(recipe: Recipe, phase: str) -> list[str]:
     if phase in ("forward/backward", "training") and not values.get("activation_offloading"):
         fixes.append(
             "`activation_offloading: true` keeps the activations the backward pass needs in CPU memory "
-            "(longer steps)"
+            + ("(each layer's input, with gradient checkpointing; longer steps)" if recipe.command == "rl" else
+               "(longer steps)")
         )
+    if phase in ("forward/backward", "training") and recipe.command == "rl" and not values.get("lean_lm_head"):
+        fixes.append("`lean_lm_head: true` sums the LM head's gradient in chunks (the same gradients, longer steps)")
     if phase == "scoring" and float(values.get("beta") or 0.0) > 0:
         fixes.append(f"`beta: 0.0`{at('beta')} drops the reference model and its forward pass")
     if phase in ("forward/backward", "optimizer", "loading", "training") and full_model:

@@ -13,27 +13,17 @@ from pathlib import Path
 from trl import GRPOTrainer
 
 from grpo_cli.recipe import Recipe, reward_names
+from grpo_cli.train.lm_head import use_lean_lm_head
 from grpo_cli.train.memory import explains_out_of_memory
+from grpo_cli.train.offload import LayerInputOffload
 from grpo_cli.train.rollout import static_rollout
 from grpo_cli.train.run import TrainingRun
 
 
 class RLTrainer(GRPOTrainer):
-    """GRPOTrainer that also appends every scored rollout (prompt, completion, rewards, advantage) to a JSONL file,
-    and can keep each micro-batch's activations in CPU memory (`activation_offloading`)."""
+    """GRPOTrainer that also appends every scored rollout (prompt, completion, rewards, advantage) to a JSONL file."""
 
     rollouts_path: Path | None = None
-    activation_offloading: bool = False
-
-    def training_step(self, *args, **kwargs):
-        if not self.activation_offloading:
-            return super().training_step(*args, **kwargs)
-        if not hasattr(self, "_offload_context"):
-            from trl.models import get_act_offloading_ctx_manager
-
-            self._offload_context = get_act_offloading_ctx_manager(self.model)
-        with self._offload_context:  # generation runs here too, without gradients: nothing of it is offloaded
-            return super().training_step(*args, **kwargs)
 
     def _generate_and_score_completions(self, inputs):
         before = len(self._logs["advantages"])
@@ -87,6 +77,8 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
     names = reward_names(recipe)
     rewards = [conversational(f) for f in build_reward_funcs(names, recipe.reward.reward_timeout)]
     model = run.load_model()
+    if recipe.memory.lean_lm_head:
+        use_lean_lm_head()
 
     with warnings.catch_warnings():
         # The rollout function is grpo's own, not an experiment of the user's: TRL's warning about it is noise.
@@ -104,7 +96,8 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
             callbacks=run.callbacks(),
             rollout_func=static_rollout(run.args, model),  # None: TRL's own generation
         )
-    trainer.activation_offloading = recipe.memory.activation_offloading
+    if recipe.memory.activation_offloading:
+        LayerInputOffload(trainer.model)
     if trainer.accelerator.is_main_process:
         trainer.rollouts_path = Path(run.args.output_dir) / "rollouts.jsonl"
     return run.train(trainer)
