@@ -79,9 +79,12 @@ CONFIGS = {
     "grpo-no-gc": ("grpo", {"micro_batch": 32, "gradient_checkpointing": False}),
     "grpo-dynamic": ("grpo", {"micro_batch": 32, "cache_implementation": "dynamic"}),  # TRL's model.generate
     "grpo-cb": ("grpo", {"use_transformers_continuous_batching": True, "cache_implementation": None}),
-    # TRL's activation offloading around each micro-batch (grpo's `activation_offloading`)
-    "grpo-offload": ("grpo", {"micro_batch": 32, "activation_offloading": True}),
-    "grpo-mb8-offload": ("grpo", {"micro_batch": 8, "activation_offloading": True}),
+    # grpo's `activation_offloading` (each checkpointed layer's input in CPU memory between forward and backward)
+    # and `lean_lm_head` (the LM head's weight gradient summed one vocabulary chunk at a time)
+    "grpo-offload": ("grpo", {"micro_batch": "recipe", "activation_offloading": True}),
+    "grpo-lean": ("grpo", {"micro_batch": "recipe", "lean_lm_head": True}),
+    "grpo-offload-lean": ("grpo", {"micro_batch": "recipe", "activation_offloading": True, "lean_lm_head": True}),
+    "grpo-mb16-offload-lean": ("grpo", {"micro_batch": 16, "activation_offloading": True, "lean_lm_head": True}),
 }
 TRL_MICRO_BATCH = 8  # GRPOConfig's default per_device_train_batch_size
 MICRO_BATCH_TOKENS = 8192  # completion tokens per micro-batch in the countdown recipe (8 x 1024)
