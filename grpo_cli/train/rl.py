@@ -78,7 +78,7 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
     rewards = [conversational(f) for f in build_reward_funcs(names, recipe.reward.reward_timeout)]
     model = run.load_model()
     if recipe.memory.lean_lm_head:
-        use_lean_lm_head()
+        use_lean_lm_head()  # for every GRPOTrainer of this process
 
     with warnings.catch_warnings():
         # The rollout function is grpo's own, not an experiment of the user's: TRL's warning about it is noise.
@@ -97,7 +97,7 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
             rollout_func=static_rollout(run.args, model),  # None: TRL's own generation
         )
     if recipe.memory.activation_offloading:
-        LayerInputOffload(trainer.model)
+        LayerInputOffload(trainer.model)  # lives in the hooks it puts on the model
     if trainer.accelerator.is_main_process:
         trainer.rollouts_path = Path(run.args.output_dir) / "rollouts.jsonl"
     return run.train(trainer)
