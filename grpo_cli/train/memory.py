@@ -134,10 +134,10 @@ def memory_fixes(recipe: Recipe, phase: str) -> list[str]:
             "keeping them"
         )
     if phase in ("forward/backward", "training") and not values.get("activation_offloading"):
+        moved = "each layer's input, with gradient checkpointing; " if recipe.command == "rl" else ""
         fixes.append(
-            "`activation_offloading: true` keeps the activations the backward pass needs in CPU memory "
-            + ("(each layer's input, with gradient checkpointing; longer steps)" if recipe.command == "rl" else
-               "(longer steps)")
+            f"`activation_offloading: true` keeps the activations the backward pass needs in CPU memory ({moved}"
+            "longer steps)"
         )
     if phase in ("forward/backward", "training") and recipe.command == "rl" and not values.get("lean_lm_head"):
         fixes.append("`lean_lm_head: true` sums the LM head's gradient in chunks (the same gradients, longer steps)")

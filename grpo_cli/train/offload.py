@@ -35,12 +35,11 @@ class LayerInputOffload:
     def __init__(self, model: nn.Module, min_bytes: int = MIN_BYTES):
         self.stacks = decoder_stacks(model)
         self.min_bytes = min_bytes
-        self.offloaded = 0  # tensors moved so far
+        self.offloaded = 0  # tensors moved so far; each one's index in pack order
         self.buffers = 0  # CPU buffers allocated so far (each serves many micro-batches)
         self._free: list[torch.Tensor] = []
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._active = False
-        self._count = 0
         # Inputs not yet brought back, by pack order (an entry vanishes with the graph that saved it).
         self._waiting: weakref.WeakValueDictionary[int, _Offloaded] = weakref.WeakValueDictionary()
         self._stream = None
@@ -89,11 +88,10 @@ class LayerInputOffload:
             with torch.cuda.stream(stream):
                 cpu.copy_(tensor, non_blocking=True)
             tensor.record_stream(stream)  # its memory is not reused before the copy has read it
-        entry = _Offloaded(self._count, cpu)
+        entry = _Offloaded(self.offloaded, cpu)
         # The buffer serves again once the graph lets go of the entry: every copy in or out of it runs on the one
         # copy stream, so the next copy into it starts after the last copy out of it.
         weakref.finalize(entry, self._free.append, buffer)
-        self._count += 1
         self._waiting[entry.index] = entry
         self.offloaded += 1
         return entry
