@@ -204,11 +204,11 @@ def test_keys_list_cuts_long_help_at_a_word_and_a_search_shows_it_whole(monkeypa
     from grpo_cli.console import console
     from grpo_cli.recipe.show import print_keys
 
-    monkeypatch.setattr(console, "width", 400)
+    monkeypatch.setattr(console, "width", 1000)
     print_keys("rl", "activation_offloading")
     whole = capsys.readouterr().err
-    assert "activation_offloading" in whole and "micro-batches of 32: 0.51 GiB less, 10% longer)." in whole
+    assert "activation_offloading" in whole and "(all of it with LoRA)." in whole
     print_keys("rl", None)
     listing = capsys.readouterr().err
     row = next(line for line in listing.splitlines() if "activation_offloading" in line)
-    assert "backward passes (CUDA ..." in row and "only;" not in row  # cut before a word, not in one
+    assert "backward passes (CUDA; ..." in row and "needs" not in row  # cut before a word, not in one

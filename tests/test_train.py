@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from grpo_cli.errors import UserError
+from grpo_cli.launch import LAUNCHER_VARIABLES
 from grpo_cli.recipe import load_recipe
 
 pytestmark = pytest.mark.slow
@@ -195,7 +196,9 @@ def test_cpu_defaults_fill_only_unset_keys(tmp_path, monkeypatch):
     assert chosen.values["cache_implementation"] == "static"
 
 
-def test_gpu_defaults_turn_liger_on_for_grpo_only_where_it_is_installed_and_unset(tmp_path, monkeypatch):
+def test_gpu_defaults_turn_liger_on_for_grpo_only_where_it_is_installed_and_unset(
+    tmp_path, monkeypatch, tiny_model_dir
+):
     import importlib.util
 
     from grpo_cli.train import run
@@ -209,12 +212,13 @@ def test_gpu_defaults_turn_liger_on_for_grpo_only_where_it_is_installed_and_unse
         return real_find_spec(name, *args)
 
     monkeypatch.setattr(run.importlib.util, "find_spec", find_spec)
-    rl = load_recipe(None, ["--output_dir", str(tmp_path)], "rl")
+    model = ["--model_name_or_path", str(tiny_model_dir)]  # a local config: no Hub lookup
+    rl = load_recipe(None, ["--output_dir", str(tmp_path), *model], "rl")
     run.gpu_defaults(rl)
     assert rl.values["use_liger_kernel"] is True
     assert rl.where("use_liger_kernel") == "grpo default (GPU, liger-kernel installed)"
 
-    chosen = load_recipe(None, ["--use_liger_kernel", "false"], "rl")
+    chosen = load_recipe(None, ["--use_liger_kernel", "false", *model], "rl")
     sft = load_recipe(None, [], "sft")
     zero3 = load_recipe(None, ["--deepspeed", "zero3.json"], "rl")
     for recipe in (chosen, sft, zero3):
@@ -223,6 +227,56 @@ def test_gpu_defaults_turn_liger_on_for_grpo_only_where_it_is_installed_and_unse
     assert "use_liger_kernel" not in sft.values and "use_liger_kernel" not in zero3.values
 
     installed["liger_kernel"] = False
-    missing = load_recipe(None, [], "rl")
+    missing = load_recipe(None, model, "rl")
     run.gpu_defaults(missing)
     assert "use_liger_kernel" not in missing.values
+
+
+def test_gpu_defaults_offload_layer_inputs_where_the_forward_backward_sets_the_peak(
+    tmp_path, monkeypatch, tiny_model_dir
+):
+    """The tiny model: hidden 64, 2 key/value heads of 16. Micro-batches of 8 out of a generation batch of 8 move
+    layer inputs as large as the rollout's KV cache (share 1.0); of 2 out of 16, an eighth of it."""
+    from grpo_cli.train import run
+
+    for variable in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP", *LAUNCHER_VARIABLES):
+        monkeypatch.delenv(variable, raising=False)
+
+    def recipe(*overrides):
+        return load_recipe(
+            None, ["--model_name_or_path", str(tiny_model_dir), "--output_dir", str(tmp_path), *overrides], "rl"
+        )
+
+    large = recipe()
+    run.gpu_defaults(large)
+    assert large.memory.activation_offloading and large.memory.lean_lm_head
+    assert large.where("activation_offloading") == (
+        "grpo default (GPU: a micro-batch's layer inputs are 1.00x the rollout's KV cache)"
+    )
+    lora = recipe("--use_peft", "true")
+    run.gpu_defaults(lora)
+    assert lora.memory.activation_offloading and "lean_lm_head" not in lora.values  # LoRA trains no LM head
+
+    small = recipe("--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "8")
+    lora_half = recipe("--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2", "--use_peft", "true")
+    no_checkpointing = recipe("--gradient_checkpointing", "false")
+    chosen = recipe("--activation_offloading", "false", "--lean_lm_head", "false")
+    zero3 = recipe("--deepspeed", "zero3.json")
+    fsdp = recipe("--fsdp", "full_shard")
+    unknown_model = load_recipe(None, ["--model_name_or_path", str(tmp_path / "none")], "rl")
+    sft = load_recipe(None, ["--model_name_or_path", str(tiny_model_dir)], "sft")
+    for each in (small, lora_half, no_checkpointing, chosen, zero3, fsdp, unknown_model, sft):
+        run.gpu_defaults(each)
+        assert not each.memory.activation_offloading and not each.memory.lean_lm_head
+
+    half = recipe("--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2")
+    run.gpu_defaults(half)  # share 0.5: enough with full fine-tuning
+    assert half.memory.activation_offloading
+
+    # `accelerate launch` with a DeepSpeed config tells the process through the environment
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    launched = recipe()
+    run.gpu_defaults(launched)
+    assert "activation_offloading" not in launched.values and "lean_lm_head" not in launched.values

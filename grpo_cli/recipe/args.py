@@ -109,16 +109,16 @@ class MemoryArguments:
         default=False,
         metadata={
             "help": "Keep each checkpointed decoder layer's input in CPU memory between a micro-batch's forward and "
-            "backward passes (CUDA only; needs gradient_checkpointing): less GPU memory, longer steps "
-            "(Qwen2.5-0.5B shape, 256 tokens, micro-batches of 32: 0.51 GiB less, 10% longer)."
+            "backward passes (CUDA; needs gradient_checkpointing): less GPU memory, slightly longer steps. Unset: "
+            "on where a micro-batch's layer inputs are at least half the rollout's KV cache (all of it with LoRA)."
         },
     )
     lean_lm_head: bool = field(
         default=False,
         metadata={
             "help": "Sum the LM head's weight gradient one vocabulary chunk at a time, instead of in one float32 "
-            "tensor the size of the head: the same gradients in less GPU memory, longer steps (Qwen2.5-0.5B "
-            "shape, 256 tokens, micro-batches of 32: 0.18 GiB less, 6% longer)."
+            "tensor the size of the head: the same gradients in less GPU memory, slightly longer steps. Unset: "
+            "on where `activation_offloading` is on by default, unless LoRA leaves the head untrained."
         },
     )
 
