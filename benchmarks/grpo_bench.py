@@ -80,11 +80,16 @@ CONFIGS = {
     "grpo-dynamic": ("grpo", {"micro_batch": 32, "cache_implementation": "dynamic"}),  # TRL's model.generate
     "grpo-cb": ("grpo", {"use_transformers_continuous_batching": True, "cache_implementation": None}),
     # grpo's `activation_offloading` (each checkpointed layer's input in CPU memory between forward and backward)
-    # and `lean_lm_head` (the LM head's weight gradient summed one vocabulary chunk at a time)
-    "grpo-offload": ("grpo", {"micro_batch": "recipe", "activation_offloading": True}),
-    "grpo-lean": ("grpo", {"micro_batch": "recipe", "lean_lm_head": True}),
+    # and `lean_lm_head` (the LM head's weight gradient summed one vocabulary chunk at a time), both GPU defaults
+    "grpo-no-offload": ("grpo", {"micro_batch": "recipe", "activation_offloading": False, "lean_lm_head": False}),
+    "grpo-offload": ("grpo", {"micro_batch": "recipe", "activation_offloading": True, "lean_lm_head": False}),
+    "grpo-lean": ("grpo", {"micro_batch": "recipe", "activation_offloading": False, "lean_lm_head": True}),
     "grpo-offload-lean": ("grpo", {"micro_batch": "recipe", "activation_offloading": True, "lean_lm_head": True}),
     "grpo-mb16-offload-lean": ("grpo", {"micro_batch": 16, "activation_offloading": True, "lean_lm_head": True}),
+    # LoRA (TRL's default adapter: rank 16 on the attention's q and v projections): the offloading rule leaves it off
+    # at 256 tokens (layer inputs 0.88x the rollout's cache, under the 1x LoRA needs); "-offload" forces it on
+    "grpo-lora": ("grpo", {"micro_batch": "recipe", "use_peft": True}),
+    "grpo-lora-offload": ("grpo", {"micro_batch": "recipe", "use_peft": True, "activation_offloading": True}),
 }
 TRL_MICRO_BATCH = 8  # GRPOConfig's default per_device_train_batch_size
 MICRO_BATCH_TOKENS = 8192  # completion tokens per micro-batch in the countdown recipe (8 x 1024)

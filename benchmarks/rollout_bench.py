@@ -1,0 +1,137 @@
+"""Time grpo's rollout alone (`grpo_cli.train.rollout.sample_completions`) on one GPU, with variants of its decode
+step, to find where a decode step's time goes. The GRPO benchmark (`grpo_bench.py`) times whole optimizer steps;
+this times only the sampling, so small changes to it stand out.
+
+    python benchmarks/rollout_bench.py --shape qwen2.5-1.5b --variant main --out main.json
+    python benchmarks/rollout_bench.py --shape qwen2.5-1.5b --variant main --profile main.profile.txt
+
+Variants (each in its own process, so one cannot leave state for the next):
+  main            the code as it is
+  sdpa-cudnn      the decode attention through cuDNN's kernel, instead of PyTorch's own choice
+  sdpa-math       ... through the unfused reference path
+  eager           no CUDA graphs: every kernel launched from Python
+
+A random-weight model of a Qwen2.5 shape in bf16 with liger-kernel's layers (as `grpo rl` trains it on a GPU), 128
+rows of 120-147 prompt tokens (left padding), a fixed number of new tokens. Warm-up rollouts first, then the median
+of the timed ones; each rollout allocates its cache and captures its graphs, as in training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]
+
+from grpo_bench import SHAPES  # the benchmark's model shapes
+
+from grpo_cli.atomic import write_text
+
+VARIANTS = ("main", "sdpa-cudnn", "sdpa-math", "eager")
+
+
+def random_model(shape: str):
+    import torch
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(**SHAPES[shape], tie_word_embeddings=True, rope_theta=1000000.0)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    _apply_liger_kernel_to_instance(model=model)
+    return model.eval()
+
+
+def attention_backend(variant: str):
+    """A context choosing the decode attention's kernel (entered around the whole rollout: graphs are captured
+    inside it)."""
+    if not variant.startswith("sdpa-"):
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+    return sdpa_kernel([backend[variant.removeprefix("sdpa-")]])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="qwen2.5-1.5b", choices=[s for s in SHAPES if s != "tiny"])
+    parser.add_argument("--variant", default="main", choices=VARIANTS)
+    parser.add_argument("--rows", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--timed", type=int, default=3)
+    parser.add_argument("--profile", help="write torch.profiler's kernel table of one more rollout to this file")
+    parser.add_argument("--out", help="JSON file for the timings")
+    args = parser.parse_args()
+
+    import torch
+
+    from grpo_cli.train import rollout
+
+    model = random_model(args.shape)
+    generator = torch.Generator().manual_seed(1)
+    lengths = torch.randint(120, 148, (args.rows,), generator=generator).tolist()
+    prompts = [torch.randint(0, 150000, (n,), generator=generator).tolist() for n in lengths]
+
+    def one_rollout() -> float:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        with attention_backend(args.variant):
+            rollout.sample_completions(
+                model,
+                prompts,
+                args.new_tokens,
+                eos_token_ids=[151643],
+                pad_token_id=151643,
+                cuda_graphs=args.variant != "eager",
+            )
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    warmups = [one_rollout() for _ in range(args.warmup)]
+    torch.cuda.reset_peak_memory_stats()
+    timed = [one_rollout() for _ in range(args.timed)]
+    median = statistics.median(timed)
+    result = {
+        "command": " ".join(["python", "benchmarks/rollout_bench.py", *sys.argv[1:]]),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "shape": args.shape,
+        "variant": args.variant,
+        "rows": args.rows,
+        "prompt_tokens": [min(lengths), max(lengths)],
+        "new_tokens": args.new_tokens,
+        "warmup_s": warmups,
+        "timed_s": timed,
+        "median_s": median,
+        "ms_per_decode_step": 1000 * median / args.new_tokens,
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "graph_problems": list(rollout._GRAPHS_BROKEN),
+    }
+    print(
+        f"{args.shape} {args.variant}: {median:.3f} s a rollout, {result['ms_per_decode_step']:.2f} ms per decode "
+        f"step (timed {', '.join(f'{t:.3f}' for t in timed)}; warm-up {', '.join(f'{t:.3f}' for t in warmups)})"
+    )
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            one_rollout()
+        averages = prof.key_averages()
+        tables = [averages.table(sort_by="cuda_time_total", row_limit=45, max_name_column_width=90)]
+        tables.append(averages.table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=90))
+        write_text(Path(args.profile), "\n\n".join(tables))
+    if args.out:
+        write_text(Path(args.out), json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
