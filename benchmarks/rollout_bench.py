@@ -10,6 +10,8 @@ Variants (each in its own process, so one cannot leave state for the next):
   sdpa-cudnn      the decode attention through cuDNN's kernel, instead of PyTorch's own choice
   sdpa-math       ... through the unfused reference path
   eager           no CUDA graphs: every kernel launched from Python
+  compile         the decode step compiled by torch.compile (inductor's fused kernels), then captured as before;
+                  the first rollout compiles it (its time is the warm-up's)
 
 A random-weight model of a Qwen2.5 shape in bf16 with liger-kernel's layers (as `grpo rl` trains it on a GPU), 128
 rows of 120-147 prompt tokens (left padding), a fixed number of new tokens. Warm-up rollouts first, then the median
@@ -33,7 +35,7 @@ from grpo_bench import SHAPES  # the benchmark's model shapes
 
 from grpo_cli.atomic import write_text
 
-VARIANTS = ("main", "sdpa-cudnn", "sdpa-math", "eager")
+VARIANTS = ("main", "sdpa-cudnn", "sdpa-math", "eager", "compile")
 
 
 def random_model(shape: str):
@@ -76,6 +78,11 @@ def main() -> None:
 
     from grpo_cli.train import rollout
 
+    if args.variant == "compile":
+        import torch._dynamo
+
+        torch._dynamo.config.cache_size_limit = 64  # one graph per cache stretch and per rollout's new buffers
+        rollout._Decoder.step = torch.compile(rollout._Decoder.step, dynamic=False)
     model = random_model(args.shape)
     generator = torch.Generator().manual_seed(1)
     lengths = torch.randint(120, 148, (args.rows,), generator=generator).tolist()
