@@ -112,6 +112,17 @@ def test_out_of_memory_in_the_optimizer_step(tmp_path, tiny_model_dir):
     assert "lean_lm_head" not in problem
 
 
+def test_lora_forward_backward_advice_leaves_out_the_lm_head():
+    from grpo_cli.recipe import load_recipe
+    from grpo_cli.train.memory import memory_fixes
+
+    full = memory_fixes(load_recipe(None, [], "rl"), "forward/backward")
+    lora = memory_fixes(load_recipe(None, ["--use_peft", "true"], "rl"), "forward/backward")
+    assert any("lean_lm_head" in fix for fix in full)
+    assert not any("lean_lm_head" in fix for fix in lora)  # LoRA trains no LM head
+    assert any("activation_offloading" in fix for fix in lora)
+
+
 def test_other_errors_pass_through(monkeypatch, tmp_path, tiny_model_dir):
     load_model = TrainingRun.load_model
 

@@ -139,7 +139,8 @@ def memory_fixes(recipe: Recipe, phase: str) -> list[str]:
             f"`activation_offloading: true` keeps the activations the backward pass needs in CPU memory ({moved}"
             "longer steps)"
         )
-    if phase in ("forward/backward", "training") and recipe.command == "rl" and not values.get("lean_lm_head"):
+    lean = recipe.command == "rl" and full_model and not values.get("lean_lm_head")  # LoRA leaves the head be
+    if phase in ("forward/backward", "training") and lean:
         fixes.append("`lean_lm_head: true` sums the LM head's gradient in chunks (the same gradients, longer steps)")
     if phase == "scoring" and float(values.get("beta") or 0.0) > 0:
         fixes.append(f"`beta: 0.0`{at('beta')} drops the reference model and its forward pass")
