@@ -415,34 +415,42 @@ def build_model(
     """A Qwen2 model of `shape` with random weights from `seed` (`config` overrides keys of its Qwen2Config), saved
     with the tokenizer in `dtype` (default: bf16 on a GPU, float32 on the CPU); returns its sizes."""
     import torch
-    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoTokenizer, GenerationConfig
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     dtype = dtype or (torch.bfloat16 if device == "cuda" else torch.float32)
+    tokens = {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    model = random_qwen2(shape, device, dtype, seed, **tokens, **config)
+    model.generation_config = GenerationConfig(**tokens)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    sizes = _sizes(model.config, sum(p.numel() for p in model.parameters()), dtype)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return sizes
+
+
+def random_qwen2(shape: str, device: str, dtype, seed: int = 0, **config):
+    """A Qwen2ForCausalLM of `shape` with random weights from `seed`, in `dtype` on `device` (`config` overrides or
+    adds keys of its Qwen2Config)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
     config = Qwen2Config(
         **{**SHAPES[shape], "max_position_embeddings": 32768, **config},
         tie_word_embeddings=True,
         rope_theta=1000000.0,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(seed)
     with torch.device(device):
         model = Qwen2ForCausalLM(config).to(dtype)
     model.config.dtype = dtype
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    sizes = _sizes(config, sum(p.numel() for p in model.parameters()), dtype)
-    del model
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return sizes
+    return model
 
 
 def pretrained_model(name: str, device: str) -> tuple[Path, dict]:

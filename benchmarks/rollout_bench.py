@@ -31,7 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 
-from grpo_bench import SHAPES  # the benchmark's model shapes
+from grpo_bench import SHAPES, random_qwen2  # the benchmark's model shapes and weights
 
 from grpo_cli.atomic import write_text
 
@@ -39,14 +39,11 @@ VARIANTS = ("main", "sdpa-cudnn", "sdpa-math", "eager", "compile")
 
 
 def random_model(shape: str):
+    """The benchmark's random-weight model of `shape` in bf16 on the GPU, with liger-kernel's layers."""
     import torch
     from liger_kernel.transformers import _apply_liger_kernel_to_instance
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(**SHAPES[shape], tie_word_embeddings=True, rope_theta=1000000.0)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model = random_qwen2(shape, "cuda", torch.bfloat16)
     _apply_liger_kernel_to_instance(model=model)
     return model.eval()
 

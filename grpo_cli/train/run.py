@@ -68,9 +68,9 @@ def gpu_defaults(recipe: Recipe) -> None:
     sharded = launched.get("distributed_type") == "DEEPSPEED" or os.environ.get("ACCELERATE_USE_FSDP") == "true"
     why = None if sharded or recipe.values.get("fsdp") else _training_sets_the_peak(recipe)
     if why:
-        chosen = [key for key in ("activation_offloading", "lean_lm_head") if key not in recipe.values]
-        if recipe.values.get("use_peft") and "lean_lm_head" in chosen:
-            chosen.remove("lean_lm_head")  # LoRA does not train the LM head
+        # LoRA does not train the LM head: nothing for the lean backward to save
+        keys = ("activation_offloading",) if recipe.values.get("use_peft") else ("activation_offloading", "lean_lm_head")
+        chosen = [key for key in keys if key not in recipe.values]
         for key in chosen:
             _default(recipe, key, True, why)
         if chosen:
