@@ -7,7 +7,11 @@ this times only the sampling, so small changes to it stand out.
 
 Variants (each in its own process, so one cannot leave state for the next):
   main            the code as it is
-  sdpa-cudnn      the decode attention through cuDNN's kernel, instead of PyTorch's own choice
+  sdpa            the decode attention through PyTorch's scaled_dot_product_attention with a mask for the left
+                  padding (its own choice of kernel), instead of FlashAttention's variable-length kernel
+  multinomial     each token drawn by torch.multinomial (which checks the probabilities first), not by its draw alone
+  unstacked       the q/k/v projections as three matrix products, instead of one over their stacked weights
+  sdpa-cudnn      ... through cuDNN's kernel
   sdpa-math       ... through the unfused reference path
   eager           no CUDA graphs: every kernel launched from Python
   compile         the decode step compiled by torch.compile (inductor's fused kernels), then captured as before;
@@ -35,7 +39,7 @@ from grpo_bench import SHAPES, random_qwen2  # the benchmark's model shapes and 
 
 from grpo_cli.atomic import write_text
 
-VARIANTS = ("main", "sdpa-cudnn", "sdpa-math", "eager", "compile")
+VARIANTS = ("main", "multinomial", "unstacked", "sdpa", "sdpa-cudnn", "sdpa-math", "eager", "compile")
 
 
 def random_model(shape: str):
@@ -52,7 +56,7 @@ def attention_backend(variant: str):
     """A context choosing the decode attention's kernel (entered around the whole rollout: graphs are captured
     inside it)."""
     if not variant.startswith("sdpa-"):
-        return contextlib.nullcontext()
+        return contextlib.nullcontext()  # "sdpa": PyTorch's own choice
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
@@ -75,6 +79,12 @@ def main() -> None:
 
     from grpo_cli.train import rollout
 
+    if args.variant.startswith("sdpa"):
+        rollout.FLASH_DECODE = False
+    if args.variant == "multinomial":
+        rollout._draw = lambda logprobs: torch.multinomial(logprobs.exp(), 1).squeeze(-1)
+    if args.variant == "unstacked":
+        rollout._stacked_qkv = lambda attn: None
     if args.variant == "compile":
         import torch._dynamo
 
@@ -119,6 +129,9 @@ def main() -> None:
         "ms_per_decode_step": 1000 * median / args.new_tokens,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
         "graph_problems": list(rollout._GRAPHS_BROKEN),
+        "flash_decode": rollout._flash_decode_available(
+            model.device, model.dtype, model.config.hidden_size // model.config.num_attention_heads
+        ),
     }
     print(
         f"{args.shape} {args.variant}: {median:.3f} s a rollout, {result['ms_per_decode_step']:.2f} ms per decode "

@@ -43,11 +43,11 @@ def teacher_forced_logprobs(
 
     with torch.no_grad():
         logits = (
-            model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float() / temperature
+            model(torch.tensor([prompt + completion], device=model.device)).logits[0, len(prompt) - 1 : -1].float()
+            / temperature
         )
-    return (
-        torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion).unsqueeze(-1)).squeeze(-1).tolist()
-    )
+    chosen = torch.tensor(completion, device=model.device).unsqueeze(-1)
+    return torch.log_softmax(logits, -1).gather(-1, chosen).squeeze(-1).tolist()
 
 
 PROMPTS = [
@@ -65,6 +65,8 @@ def test_rollout_log_probs_match_the_models_own_forward(kind, monkeypatch):
     monkeypatch.setattr(rollout, "KV_STRETCH", 8)  # several cache stretches within 30 tokens
     model = tiny_model(kind)
     assert rollout.unsupported_reason(model) is None
+    weight, bias, sizes = rollout._stacked_qkv(model.model.layers[0].self_attn)  # one matrix product for q, k, v
+    assert sizes == [64, 32, 32] and weight.shape == (128, 64) and (bias is None) == (kind == "llama")
     completions, logprobs = rollout.sample_completions(
         model, PROMPTS, 30, eos_token_ids=[3], pad_token_id=0, sampling=rollout.Sampling(temperature=0.7)
     )
@@ -126,6 +128,8 @@ def test_rollout_applies_lora_layers():
                 param.normal_(std=0.5)
     model.eval()
     inner = model.get_base_model()  # what the rollout gets from the trainer (LoRA layers stay in place)
+    assert rollout._stacked_qkv(inner.model.layers[0].self_attn) is None  # q and v carry adapters
+    assert rollout.stacked_qkv_bytes(inner) == 0
     completions, logprobs = rollout.sample_completions(
         inner, PROMPTS, 16, eos_token_ids=[3], pad_token_id=0, sampling=rollout.Sampling(temperature=1.0)
     )
@@ -188,6 +192,8 @@ def test_rollout_memory_estimate_covers_the_cache_it_allocates():
         model, 3, prompt_len + new, torch.zeros(3, dtype=torch.long), torch.device("cpu"), torch.float32
     )
     cache_per_row = sum(t.nbytes for t in decoder.keys + decoder.values) // 3
+    decoder.stack_projections()
+    assert rollout.stacked_qkv_bytes(model) == sum(w.nbytes + b.nbytes for w, b, _ in decoder.qkv)
     estimate = rollout.row_bytes(model, prompt_len, new)
     assert cache_per_row < estimate < cache_per_row + 300 * 4 * 8 + prompt_len * 1024 * 4  # + logits, prefill
     # Rows that fit: whole multiples of 8 from 8 up, at least one however little is free.
@@ -338,6 +344,35 @@ def test_memory_trace_names_who_holds_the_peak_and_what_stays():
     kept = live_blocks(snapshot)
     assert kept["allocated_gib"] == 1.0
     assert kept["sites"] == [{"where": "grpo_cli/train/rollout.py:99 f", "gib": 1.0, "count": 1}]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_flash_decode_attention_gives_the_models_own_log_probs(kind, monkeypatch):
+    """On the GPU the decode attention goes through FlashAttention's variable-length kernel (one sequence per row
+    and key/value head, from the row's first real token): its log-probs are the model's own forward's, as closely
+    as the mask-based SDPA path's are, in bf16."""
+    import torch
+
+    from grpo_cli.train import rollout
+
+    monkeypatch.setattr(rollout, "KV_STRETCH", 8)
+    model = tiny_model(kind).to("cuda", torch.bfloat16)
+    assert rollout._flash_decode_available(model.device, torch.bfloat16, model.model.layers[0].self_attn.head_dim)
+    prompts = PROMPTS * 3
+    errors = {}
+    for flash in (True, False):
+        monkeypatch.setattr(rollout, "FLASH_DECODE", flash)
+        torch.manual_seed(5)
+        completions, logprobs = rollout.sample_completions(
+            model, prompts, 30, eos_token_ids=[3], pad_token_id=0, sampling=rollout.Sampling(temperature=0.7)
+        )
+        assert not rollout._GRAPHS_BROKEN
+        errors[flash] = max(
+            max(abs(a - b) for a, b in zip(logp, teacher_forced_logprobs(model, p, c, 0.7), strict=True))
+            for p, c, logp in zip(prompts, completions, logprobs, strict=True)
+        )
+    assert errors[True] < 0.1 and errors[True] < 2 * errors[False] + 0.02, errors
 
 
 @pytest.mark.gpu

@@ -2,12 +2,16 @@
 
 TRL's own path calls `model.generate`, which launches every kernel of every layer from Python at each decode step:
 tens of milliseconds per token on a small model whose weights the GPU reads in well under one. Here the cache is
-allocated once per rollout and the one-token step of the whole batch is captured as a CUDA graph (one per stretch
-of cache length, so a step reads only the part of the cache in use). The sampling is TRL's: float32 logits,
-temperature, top-k, top-p, min-p, and a completion ends at its first EOS token, which it keeps.
+allocated once per rollout and the one-token step of the whole batch is captured as a CUDA graph. The sampling is
+TRL's: float32 logits, temperature, top-k, top-p, min-p, and a completion ends at its first EOS token, which it keeps.
 
 It reuses the model's own modules (norms, projections with any LoRA layers, MLP, rotary embedding), so only the
 attention and the cache are ours; models of another shape, and set-ups it does not cover, go through TRL's path.
+A decode step's attention goes through FlashAttention's variable-length kernel where PyTorch has it (each row and
+key/value head one sequence that starts at the row's first real token, its query heads as that sequence's queries):
+it reads each row's keys and values once and only as far as the row has come, and needs no mask for the left
+padding, so one graph serves the whole rollout. Without it, PyTorch's scaled_dot_product_attention runs with a mask,
+one graph per stretch of cache length (a step reads only the stretches in use).
 """
 
 from __future__ import annotations
@@ -23,12 +27,14 @@ logger = logging.getLogger("grpo_cli.train.rollout")
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 # Rotary embeddings computed from the positions alone (no update that depends on the data, which a graph can't hold).
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-# Tokens of cache per decode graph: a step attends over the stretches in use, not over the whole cache.
+# Tokens of cache per decode graph on the SDPA path: a step attends over the stretches in use, not the whole cache.
 KV_STRETCH = 256
 ALL_DONE_CHECK_EVERY = 32  # decode steps between checks whether every completion has ended (a device sync)
 # Share of the GPU memory free at rollout time that one generation batch's cache and buffers may take; a larger
 # batch is sampled in parts that fit (each row is drawn on its own either way: the same sampling, more time).
 ROLLOUT_MEMORY_SHARE = 0.8
+# Decode attention through FlashAttention's variable-length kernel where it exists (else PyTorch's SDPA with a mask).
+FLASH_DECODE = True
 
 
 @dataclass
@@ -77,6 +83,54 @@ def _rope_function(attn):
     return getattr(inspect.getmodule(type(attn)), "apply_rotary_pos_emb", None)
 
 
+def _flash_decode_available(device, dtype, head_dim: int) -> bool:
+    """Whether PyTorch's FlashAttention kernel can run the decode attention here: a CUDA GPU it was built for (Ampere
+    or later), half precision, a head size it supports, and its variable-length entry with per-sequence key counts."""
+    import torch
+
+    if not FLASH_DECODE or device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if head_dim % 8 or head_dim > 256 or torch.cuda.get_device_capability(device) < (8, 0):
+        return False
+    if not torch.backends.cuda.flash_sdp_enabled():
+        return False
+    forward = getattr(torch.ops.aten, "_flash_attention_forward", None)
+    return forward is not None and "seqused_k" in str(forward.default._schema)
+
+
+def _stackable_projections(attn):
+    """The attention's q/k/v projections where they can be stacked into one matrix: plain `nn.Linear` layers (not
+    LoRA layers or quantized weights), all with a bias or all without (else None)."""
+    import torch
+
+    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+    if any(type(p) is not torch.nn.Linear for p in projections) or len({p.bias is None for p in projections}) > 1:
+        return None
+    return projections
+
+
+def _stacked_qkv(attn):
+    """The q/k/v projections' weights and biases stacked into one matrix, so a layer makes one matrix product where it
+    made three (a decode step's are small enough that each one's launch, not its reading, sets its time), or None
+    where they cannot be stacked. A copy, made at each rollout: the weights change at every optimizer step."""
+    import torch
+
+    projections = _stackable_projections(attn)
+    if projections is None:
+        return None
+    bias = None if projections[0].bias is None else torch.cat([p.bias for p in projections])
+    return torch.cat([p.weight for p in projections]), bias, [p.out_features for p in projections]
+
+
+def stacked_qkv_bytes(model) -> int:
+    """GPU memory the rollout's stacked q/k/v weights take (`_stacked_qkv`), besides the model's own."""
+    total = 0
+    for layer in model.model.layers:
+        for p in _stackable_projections(layer.self_attn) or ():
+            total += p.weight.nbytes + (p.bias.nbytes if p.bias is not None else 0)
+    return total
+
+
 def _has_active_dropout(model) -> bool:
     import torch
 
@@ -103,6 +157,19 @@ class _Decoder:
         self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in self.layers]
         self.pad_start = pad_start.view(batch, 1, 1, 1)  # first real token of each left-padded row
         self.positions = torch.arange(max_len, device=device)
+        self.qkv = [None] * len(self.layers)  # the stacked q/k/v weights, once `stack_projections` made them
+        self.flash = _flash_decode_available(device, dtype, self.head_dim)
+        if self.flash:
+            # One sequence per (row, key/value head) in the flattened cache, starting at the row's first real token
+            # (the last boundary is the cache's end); its queries are that head's query heads.
+            sequences = batch * self.kv_heads
+            self.sequence_pad = pad_start.repeat_interleave(self.kv_heads).to(torch.int32)
+            starts = torch.arange(sequences, device=device, dtype=torch.int32) * max_len + self.sequence_pad
+            end = torch.tensor([sequences * max_len], device=device, dtype=torch.int32)
+            self.key_starts = torch.cat([starts, end])
+            groups = self.heads // self.kv_heads
+            self.query_starts = torch.arange(sequences + 1, device=device, dtype=torch.int32) * groups
+            self.keys_seen = torch.zeros(sequences, device=device, dtype=torch.int32)
 
     def forward(self, ids, positions, slots, mask, kv_len: int):
         """Logits of the last token of each row, writing the chunk's keys/values at cache `slots`.
@@ -118,14 +185,20 @@ class _Decoder:
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(batch, length, -1, self.head_dim)
-            k = attn.k_proj(x).view(batch, length, -1, self.head_dim)
-            v = attn.v_proj(x).view(batch, length, -1, self.head_dim)
+            if self.qkv[i] is None:
+                q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+            else:
+                weight, bias, sizes = self.qkv[i]
+                q, k, v = torch.nn.functional.linear(x, weight, bias).split(sizes, dim=-1)
+            q = q.view(batch, length, -1, self.head_dim)
+            k = k.view(batch, length, -1, self.head_dim)
+            v = v.view(batch, length, -1, self.head_dim)
             if hasattr(attn, "q_norm"):  # Qwen3
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
             self.keys[i].index_copy_(2, slots, k.to(self.keys[i].dtype))
             self.values[i].index_copy_(2, slots, v.transpose(1, 2).to(self.values[i].dtype))
+            del k, v  # in the cache now; with stacked projections, v would keep their whole output alive
             keys, values = self.keys[i][:, :, :kv_len], self.values[i][:, :, :kv_len]
             if length > 1:  # prefill: the fused kernel, without a [queries x keys] score tensor per head
                 out = torch.nn.functional.scaled_dot_product_attention(
@@ -135,6 +208,21 @@ class _Decoder:
                     attn_mask=mask,
                     scale=self.scaling,
                 )
+            elif self.flash:
+                out = torch.ops.aten._flash_attention_forward(
+                    q.reshape(-1, 1, self.head_dim),  # [row, kv head, group] -> one sequence's queries per head
+                    self.keys[i].view(-1, 1, self.head_dim),
+                    self.values[i].view(-1, 1, self.head_dim),
+                    self.query_starts,
+                    self.key_starts,
+                    groups,
+                    kv_len,
+                    0.0,
+                    False,
+                    False,
+                    scale=self.scaling,
+                    seqused_k=self.keys_seen,
+                )[0].view(batch, self.heads, 1, self.head_dim)
             else:
                 # One query per row, grouped by its key/value head ([batch, kv_heads, groups, dim]): the fused kernel
                 # reads each key/value head once, never repeated, and the mask [batch, 1, 1, keys] holds for all.
@@ -146,6 +234,11 @@ class _Decoder:
             h = h + attn.o_proj(out.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.lm_head(self.core.norm(h[:, -1:, :]))[:, -1, :]
+
+    def stack_projections(self) -> None:
+        """Make the decode steps' q/k/v one matrix product per layer (`_stacked_qkv`). Called after the prefill, whose
+        activations set the rollout's peak: the stacked copy then never adds to it."""
+        self.qkv = [_stacked_qkv(layer.self_attn) for layer in self.layers]
 
     def prefill(self, ids, attention_mask):
         """Run the prompts [B, P] through the model; the last position's logits."""
@@ -159,6 +252,11 @@ class _Decoder:
 
     def step(self, ids, positions, slot, kv_len: int):
         """One decode step: ids/positions [B, 1] at cache index `slot` ([1]); attends over the first kv_len slots."""
+        import torch
+
+        if self.flash:  # each sequence's keys: from the row's first real token through this one
+            torch.sub(slot + 1, self.sequence_pad, out=self.keys_seen)
+            return self.forward(ids, positions, slot, None, kv_len)
         k = self.positions[:kv_len].view(1, 1, 1, kv_len)
         mask = (k >= self.pad_start) & (k <= slot.view(1, 1, 1, 1))
         return self.forward(ids, positions, slot, mask, kv_len)
@@ -231,7 +329,9 @@ def row_bytes(model, prompt_len: int, max_new_tokens: int) -> int:
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     max_len = prompt_len + max_new_tokens
     cache = 2 * config.num_hidden_layers * kv_heads * attn.head_dim * dtype_bytes * max_len
-    graphs = -(-max_len // KV_STRETCH)  # each decode graph keeps its own logits output
+    device, dtype = model.lm_head.weight.device, model.model.embed_tokens.weight.dtype
+    # each decode graph keeps its own logits output; one graph with FlashAttention
+    graphs = 1 if _flash_decode_available(device, dtype, attn.head_dim) else -(-max_len // KV_STRETCH)
     # + the sampling's float32 temporaries (top-p sorts: values, int64 indices, cumulative sums, masks)
     logits = config.vocab_size * (dtype_bytes * (graphs + 1) + 4 * 8)
     width = (
@@ -263,14 +363,16 @@ _PARTS_REPORTED: list[bool] = []  # the log says once per process that batches a
 
 
 def _rows_free_memory_holds(model, prompt_ids: list[list[int]], max_new_tokens: int) -> int:
-    """Prompts one part may hold in the GPU memory free now (said once in the log when that is not all of them)."""
+    """Prompts one part may hold in the GPU memory free now, besides the stacked q/k/v weights (said once in the log
+    when that is not all of them)."""
     import torch
 
     device = model.lm_head.weight.device
     prompt_len = max(len(ids) for ids in prompt_ids)
-    free = free_gpu_bytes(device)
+    stacked = stacked_qkv_bytes(model)
+    free = max(0, free_gpu_bytes(device) - stacked)
     rows = rows_that_fit(model, prompt_len, max_new_tokens, free)
-    uncached = rows_that_fit(model, prompt_len, max_new_tokens, free_gpu_bytes(device, cached=False))
+    uncached = rows_that_fit(model, prompt_len, max_new_tokens, max(0, free_gpu_bytes(device, cached=False) - stacked))
     if uncached < min(rows, len(prompt_ids)):
         # The batch counts on memory torch keeps cached from the last forward/backward, in blocks that may be too
         # small for the cache's tensors (a 24 GiB card ran out there with 5 GiB of them): hand them back first.
@@ -308,6 +410,16 @@ def _processed_logprobs(logits, sampling: Sampling):
         floor = sampling.min_p * probs.max(dim=-1, keepdim=True).values
         scores = scores.masked_fill(probs < floor, float("-inf"))
     return torch.log_softmax(scores, dim=-1)
+
+
+def _draw(logprobs):
+    """One token per row from the probabilities exp(logprobs), the way `torch.multinomial` draws one sample (the
+    argmax of p / q with q ~ Exp(1)): the same random numbers and the same tokens, without its check of the
+    probabilities, a read back from the GPU at every decode step."""
+    import torch
+
+    probs = logprobs.exp()
+    return probs.div_(torch.empty_like(probs).exponential_()).argmax(-1)
 
 
 def sample_completions(
@@ -372,10 +484,11 @@ def sample_completions(
         graphs = _GraphSteps(decoder, step_ids, step_positions, slot) if use_graphs else None
         checked = not use_graphs or _has_active_dropout(model)
         logits = decoder.prefill(ids, attention)
+        decoder.stack_projections()
         produced = 0
         for t in range(max_new_tokens):
             scores = _processed_logprobs(logits, sampling)
-            token = scores.argmax(-1) if sampling.greedy else torch.multinomial(scores.exp(), 1).squeeze(-1)
+            token = scores.argmax(-1) if sampling.greedy else _draw(scores)
             token = torch.where(done, torch.full_like(token, pad_token_id), token)
             logprobs[:, t] = torch.where(done, 0.0, scores.gather(-1, token.unsqueeze(-1)).squeeze(-1))
             tokens[:, t] = token
@@ -386,7 +499,7 @@ def sample_completions(
             step_ids.copy_(token.unsqueeze(-1))
             step_positions.add_(1)
             slot.add_(1)
-            kv_len = min(max_len, -(-(prompt_len + t + 1) // KV_STRETCH) * KV_STRETCH)
+            kv_len = max_len if decoder.flash else min(max_len, -(-(prompt_len + t + 1) // KV_STRETCH) * KV_STRETCH)
             if graphs is None:
                 logits = decoder.step(step_ids, step_positions, slot, kv_len)
                 continue
