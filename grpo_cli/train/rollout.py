@@ -290,7 +290,8 @@ def _release_side_workspace() -> None:
 
 
 class _GraphSteps:
-    """Decode steps replayed from CUDA graphs, one per cache stretch, sharing static inputs and a memory pool."""
+    """Decode steps replayed from CUDA graphs (one per cache stretch on the SDPA path, one in all with FlashAttention),
+    sharing static inputs and a memory pool."""
 
     def __init__(self, decoder: _Decoder, ids, positions, slot):
         import torch
