@@ -16,6 +16,8 @@ Variants (each in its own process, so one cannot leave state for the next):
   eager           no CUDA graphs: every kernel launched from Python
   compile         the decode step compiled by torch.compile (inductor's fused kernels), then captured as before;
                   the first rollout compiles it (its time is the warm-up's)
+  compile-sampling  the sampling between decode steps (float32 log-softmax, the draw) compiled by torch.compile,
+                  so inductor fuses its passes over the logits (its own random numbers: other tokens, same law)
 
 A random-weight model of a Qwen2.5 shape in bf16 with liger-kernel's layers (as `grpo rl` trains it on a GPU), 128
 rows of 120-147 prompt tokens (left padding), a fixed number of new tokens. Warm-up rollouts first, then the median
@@ -39,7 +41,7 @@ from grpo_bench import SHAPES, random_qwen2  # the benchmark's model shapes and 
 
 from grpo_cli.atomic import write_text
 
-VARIANTS = ("main", "multinomial", "unstacked", "sdpa", "sdpa-cudnn", "sdpa-math", "eager", "compile")
+VARIANTS = ("main", "multinomial", "unstacked", "sdpa", "sdpa-cudnn", "sdpa-math", "eager", "compile", "compile-sampling")
 
 
 def random_model(shape: str):
@@ -85,6 +87,9 @@ def main() -> None:
         rollout._draw = lambda logprobs: torch.multinomial(logprobs.exp(), 1).squeeze(-1)
     if args.variant == "unstacked":
         rollout._stacked_qkv = lambda attn: None
+    if args.variant == "compile-sampling":
+        rollout._processed_logprobs = torch.compile(rollout._processed_logprobs, dynamic=False)
+        rollout._draw = torch.compile(rollout._draw, dynamic=False)
     if args.variant == "compile":
         import torch._dynamo
 
