@@ -83,9 +83,13 @@ def _rope_function(attn):
     return getattr(inspect.getmodule(type(attn)), "apply_rotary_pos_emb", None)
 
 
+_FLASH_PROBES: dict = {}  # (device, dtype, head size) -> whether the kernel ran there
+
+
 def _flash_decode_available(device, dtype, head_dim: int) -> bool:
     """Whether PyTorch's FlashAttention kernel can run the decode attention here: a CUDA GPU it was built for (Ampere
-    or later), half precision, a head size it supports, and its variable-length entry with per-sequence key counts."""
+    or later), half precision, a head size it supports, its variable-length entry with per-sequence key counts, and
+    a first call on a few tokens that ran (once per process for each GPU, dtype and head size)."""
     import torch
 
     if not FLASH_DECODE or device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
@@ -95,7 +99,41 @@ def _flash_decode_available(device, dtype, head_dim: int) -> bool:
     if not torch.backends.cuda.flash_sdp_enabled():
         return False
     forward = getattr(torch.ops.aten, "_flash_attention_forward", None)
-    return forward is not None and "seqused_k" in str(forward.default._schema)
+    if forward is None or "seqused_k" not in str(forward.default._schema):
+        return False
+    key = (str(device), dtype, head_dim)
+    if key not in _FLASH_PROBES:
+        try:  # two sequences of one and two keys, one query each
+            ones = torch.ones(4, 1, head_dim, device=device, dtype=dtype)
+            starts = torch.tensor([0, 1, 2], device=device, dtype=torch.int32)
+            seen = torch.tensor([1, 2], device=device, dtype=torch.int32)
+            out = _flash_decode(ones[:2], ones, ones, starts, starts * 2, 1, 2, head_dim**-0.5, seen)
+            _FLASH_PROBES[key] = bool(torch.allclose(out.float(), torch.ones_like(out, dtype=torch.float32)))
+        except (RuntimeError, TypeError) as err:
+            logger.info("decode attention through scaled_dot_product_attention: FlashAttention failed (%s)", err)
+            _FLASH_PROBES[key] = False
+    return _FLASH_PROBES[key]
+
+
+def _flash_decode(queries, keys, values, query_starts, key_starts, max_queries: int, max_keys: int, scale, seen):
+    """FlashAttention's variable-length forward: sequence i's queries are rows query_starts[i]:query_starts[i + 1] of
+    `queries` ([rows, heads, dim]); its keys and values, `seen[i]` rows from key_starts[i] on."""
+    import torch
+
+    return torch.ops.aten._flash_attention_forward(
+        queries,
+        keys,
+        values,
+        query_starts,
+        key_starts,
+        max_queries,
+        max_keys,
+        0.0,
+        False,
+        False,
+        scale=scale,
+        seqused_k=seen,
+    )[0]
 
 
 def _stackable_projections(attn):
@@ -209,7 +247,7 @@ class _Decoder:
                     scale=self.scaling,
                 )
             elif self.flash:
-                out = torch.ops.aten._flash_attention_forward(
+                out = _flash_decode(
                     q.reshape(-1, 1, self.head_dim),  # [row, kv head, group] -> one sequence's queries per head
                     self.keys[i].view(-1, 1, self.head_dim),
                     self.values[i].view(-1, 1, self.head_dim),
@@ -217,12 +255,9 @@ class _Decoder:
                     self.key_starts,
                     groups,
                     kv_len,
-                    0.0,
-                    False,
-                    False,
-                    scale=self.scaling,
-                    seqused_k=self.keys_seen,
-                )[0].view(batch, self.heads, 1, self.head_dim)
+                    self.scaling,
+                    self.keys_seen,
+                ).view(batch, self.heads, 1, self.head_dim)
             else:
                 # One query per row, grouped by its key/value head ([batch, kv_heads, groups, dim]): the fused kernel
                 # reads each key/value head once, never repeated, and the mask [batch, 1, 1, keys] holds for all.
