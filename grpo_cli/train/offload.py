@@ -154,7 +154,6 @@ def layer_input_share(config, micro_batch: int, generation_rows: int) -> float:
     over the same sequence length. Offloading can lower a GRPO step's peak only where the forward/backward, not the
     rollout, sets it; measured on Qwen2.5 shapes (benchmarks/README.md), it did at shares of 0.75-0.88 (32
     completions of 256 tokens per micro-batch) and could not at 0.19-0.22 (8 of 1024), where the rollout peaks."""
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return micro_batch * config.hidden_size / (generation_rows * 2 * kv_heads * head_dim)
+    from grpo_cli.train.rollout import cache_width
+
+    return micro_batch * config.hidden_size / (generation_rows * cache_width(config))

@@ -83,17 +83,26 @@ def _rope_function(attn):
     return getattr(inspect.getmodule(type(attn)), "apply_rotary_pos_emb", None)
 
 
-_FLASH_PROBES: dict = {}  # (device, dtype, head size) -> whether the kernel ran there
+_FLASH_CHECKS: dict = {}  # (device, dtype, head size) -> whether the kernel serves there
 
 
 def _flash_decode_available(device, dtype, head_dim: int) -> bool:
     """Whether PyTorch's FlashAttention kernel can run the decode attention here: a CUDA GPU it was built for (Ampere
     or later), half precision, a head size it supports, its variable-length entry with per-sequence key counts, and
-    a first call on a few tokens that ran (once per process for each GPU, dtype and head size)."""
+    a first call on a few tokens that ran (decided once per process for each GPU, dtype and head size)."""
     import torch
 
     if not FLASH_DECODE or device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
         return False
+    key = (str(device), dtype, head_dim)
+    if key not in _FLASH_CHECKS:
+        _FLASH_CHECKS[key] = _flash_decode_runs(device, dtype, head_dim)
+    return _FLASH_CHECKS[key]
+
+
+def _flash_decode_runs(device, dtype, head_dim: int) -> bool:
+    import torch
+
     if head_dim % 8 or head_dim > 256 or torch.cuda.get_device_capability(device) < (8, 0):
         return False
     if not torch.backends.cuda.flash_sdp_enabled():
@@ -101,18 +110,15 @@ def _flash_decode_available(device, dtype, head_dim: int) -> bool:
     forward = getattr(torch.ops.aten, "_flash_attention_forward", None)
     if forward is None or "seqused_k" not in str(forward.default._schema):
         return False
-    key = (str(device), dtype, head_dim)
-    if key not in _FLASH_PROBES:
-        try:  # two sequences of one and two keys, one query each
-            ones = torch.ones(4, 1, head_dim, device=device, dtype=dtype)
-            starts = torch.tensor([0, 1, 2], device=device, dtype=torch.int32)
-            seen = torch.tensor([1, 2], device=device, dtype=torch.int32)
-            out = _flash_decode(ones[:2], ones, ones, starts, starts * 2, 1, 2, head_dim**-0.5, seen)
-            _FLASH_PROBES[key] = bool(torch.allclose(out.float(), torch.ones_like(out, dtype=torch.float32)))
-        except (RuntimeError, TypeError) as err:
-            logger.info("decode attention through scaled_dot_product_attention: FlashAttention failed (%s)", err)
-            _FLASH_PROBES[key] = False
-    return _FLASH_PROBES[key]
+    try:  # two sequences of one and two keys, one query each
+        ones = torch.ones(4, 1, head_dim, device=device, dtype=dtype)
+        starts = torch.tensor([0, 1, 2], device=device, dtype=torch.int32)
+        seen = torch.tensor([1, 2], device=device, dtype=torch.int32)
+        out = _flash_decode(ones[:2], ones, ones, starts, starts * 2, 1, 2, head_dim**-0.5, seen)
+        return bool(torch.allclose(out.float(), torch.ones_like(out, dtype=torch.float32)))
+    except (RuntimeError, TypeError) as err:
+        logger.info("decode attention through scaled_dot_product_attention: FlashAttention failed (%s)", err)
+        return False
 
 
 def _flash_decode(queries, keys, values, query_starts, key_starts, max_queries: int, max_keys: int, scale, seen):
@@ -357,14 +363,20 @@ class _GraphSteps:
 _GRAPHS_BROKEN: list[str] = []  # set once a graph replay disagreed with the eager step: eager from then on
 
 
+def cache_width(config) -> int:
+    """Values one token keeps in one layer's KV cache: its keys and values, one vector per key/value head."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return 2 * kv_heads * (getattr(config, "head_dim", None) or config.hidden_size // heads)
+
+
 def row_bytes(model, prompt_len: int, max_new_tokens: int) -> int:
     """GPU memory one prompt's row of a rollout takes: its KV cache, logits buffers and prefill activations."""
     config = model.config
     attn = model.model.layers[0].self_attn
     dtype_bytes = model.model.embed_tokens.weight.element_size()
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     max_len = prompt_len + max_new_tokens
-    cache = 2 * config.num_hidden_layers * kv_heads * attn.head_dim * dtype_bytes * max_len
+    cache = config.num_hidden_layers * cache_width(config) * dtype_bytes * max_len
     device, dtype = model.lm_head.weight.device, model.model.embed_tokens.weight.dtype
     # each decode graph keeps its own logits output; one graph with FlashAttention
     graphs = 1 if _flash_decode_available(device, dtype, attn.head_dim) else -(-max_len // KV_STRETCH)
