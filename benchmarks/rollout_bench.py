@@ -16,11 +16,16 @@ Variants (each in its own process, so one cannot leave state for the next):
   eager           no CUDA graphs: every kernel launched from Python
   compile         the decode step compiled by torch.compile (inductor's fused kernels), then captured as before;
                   the first rollout compiles it (its time is the warm-up's)
-  compile-sampling  the sampling between decode steps (float32 log-softmax, the draw) compiled by torch.compile,
+  compile-sampling  the sampling between decode steps (float32 softmax, the draw) compiled by torch.compile,
                   so inductor fuses its passes over the logits (its own random numbers: other tokens, same law)
+  prefill-every-row  the prefill over every row, not once per distinct prompt
+  logsoftmax-sampling  the probabilities as exp(log_softmax(float32 logits)): a float32 copy of the logits and
+                  two more passes over them
 
 A random-weight model of a Qwen2.5 shape in bf16 with liger-kernel's layers (as `grpo rl` trains it on a GPU), 128
-rows of 120-147 prompt tokens (left padding), a fixed number of new tokens. Warm-up rollouts first, then the median
+rows of 120-147 prompt tokens (left padding): 16 distinct prompts, each 8 times, as a GRPO step samples them
+(`--generations 1`: 128 distinct prompts, as this benchmark had until the prefill was shared), a fixed number of new
+tokens. Warm-up rollouts first, then the median
 of the timed ones; each rollout allocates its cache and captures its graphs, as in training.
 """
 
@@ -41,7 +46,19 @@ from grpo_bench import SHAPES, random_qwen2  # the benchmark's model shapes and 
 
 from grpo_cli.atomic import write_text
 
-VARIANTS = ("main", "multinomial", "unstacked", "sdpa", "sdpa-cudnn", "sdpa-math", "eager", "compile", "compile-sampling")
+VARIANTS = (
+    "main",
+    "multinomial",
+    "unstacked",
+    "sdpa",
+    "sdpa-cudnn",
+    "sdpa-math",
+    "eager",
+    "compile",
+    "compile-sampling",
+    "prefill-every-row",
+    "logsoftmax-sampling",
+)
 
 
 def random_model(shape: str):
@@ -70,6 +87,7 @@ def main() -> None:
     parser.add_argument("--shape", default="qwen2.5-1.5b", choices=[s for s in SHAPES if s != "tiny"])
     parser.add_argument("--variant", default="main", choices=VARIANTS)
     parser.add_argument("--rows", type=int, default=128)
+    parser.add_argument("--generations", type=int, default=8, help="rows per distinct prompt (GRPO's generations)")
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--timed", type=int, default=3)
@@ -84,11 +102,15 @@ def main() -> None:
     if args.variant.startswith("sdpa"):
         rollout.FLASH_DECODE = False
     if args.variant == "multinomial":
-        rollout._draw = lambda logprobs: torch.multinomial(logprobs.exp(), 1).squeeze(-1)
+        rollout._draw = lambda probs: torch.multinomial(probs, 1).squeeze(-1)
+    if args.variant == "prefill-every-row":
+        rollout.SHARED_PREFILL = False
+    if args.variant == "logsoftmax-sampling":
+        rollout._token_probs = lambda logits, sampling: torch.log_softmax(logits.float(), dim=-1).exp()
     if args.variant == "unstacked":
         rollout._stacked_qkv = lambda attn: None
     if args.variant == "compile-sampling":
-        rollout._processed_logprobs = torch.compile(rollout._processed_logprobs, dynamic=False)
+        rollout._token_probs = torch.compile(rollout._token_probs, dynamic=False)
         rollout._draw = torch.compile(rollout._draw, dynamic=False)
     if args.variant == "compile":
         import torch._dynamo
@@ -97,8 +119,9 @@ def main() -> None:
         rollout._Decoder.step = torch.compile(rollout._Decoder.step, dynamic=False)
     model = random_model(args.shape)
     generator = torch.Generator().manual_seed(1)
-    lengths = torch.randint(120, 148, (args.rows,), generator=generator).tolist()
-    prompts = [torch.randint(0, 150000, (n,), generator=generator).tolist() for n in lengths]
+    lengths = torch.randint(120, 148, (args.rows // args.generations,), generator=generator).tolist()
+    distinct = [torch.randint(0, 150000, (n,), generator=generator).tolist() for n in lengths]
+    prompts = [p for p in distinct for _ in range(args.generations)]  # as TRL repeats each prompt
 
     def one_rollout() -> float:
         torch.cuda.synchronize()
@@ -126,6 +149,7 @@ def main() -> None:
         "shape": args.shape,
         "variant": args.variant,
         "rows": args.rows,
+        "generations": args.generations,
         "prompt_tokens": [min(lengths), max(lengths)],
         "new_tokens": args.new_tokens,
         "warmup_s": warmups,

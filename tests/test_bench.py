@@ -78,23 +78,14 @@ def test_rollout_log_probs_match_the_models_own_forward(kind, monkeypatch):
         assert max(abs(a - b) for a, b in zip(logp, reference, strict=True)) < 1e-4
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "llama"])
-def test_rollout_draws_the_tokens_transformers_generate_draws_from_the_same_seed(kind):
-    """Same probabilities, same random state, same torch.multinomial: on the CPU, grpo's rollout and transformers'
-    sampling `generate` (TRL's own path) give the same completions, so GRPO runs on either follow one trajectory."""
+def generate_completions(model, prompts: list[list[int]], seed: int) -> list[list[int]]:
+    """transformers' sampling `generate` (TRL's own path) at temperature 0.9, each completion up to its first EOS."""
     import torch
 
-    from grpo_cli.train import rollout
-
-    model = tiny_model(kind)
-    length = max(len(p) for p in PROMPTS)
-    ids = torch.tensor([[0] * (length - len(p)) + p for p in PROMPTS])
-    mask = torch.tensor([[0] * (length - len(p)) + [1] * len(p) for p in PROMPTS])
-    torch.manual_seed(11)
-    ours, _ = rollout.sample_completions(
-        model, PROMPTS, 20, eos_token_ids=[3], pad_token_id=0, sampling=rollout.Sampling(temperature=0.9)
-    )
-    torch.manual_seed(11)
+    length = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (length - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (length - len(p)) + [1] * len(p) for p in prompts])
+    torch.manual_seed(seed)
     with torch.no_grad():
         generated = model.generate(
             input_ids=ids,
@@ -107,9 +98,51 @@ def test_rollout_draws_the_tokens_transformers_generate_draws_from_the_same_seed
             eos_token_id=3,
             pad_token_id=0,
         )[:, length:].tolist()
-    theirs = [row[: row.index(3) + 1] if 3 in row else row for row in generated]
-    assert ours == theirs
+    return [row[: row.index(3) + 1] if 3 in row else row for row in generated]
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_rollout_draws_the_tokens_transformers_generate_draws_from_the_same_seed(kind):
+    """Same probabilities, same random state, same torch.multinomial: on the CPU, grpo's rollout and transformers'
+    sampling `generate` (TRL's own path) give the same completions, so GRPO runs on either follow one trajectory."""
+    import torch
+
+    from grpo_cli.train import rollout
+
+    model = tiny_model(kind)
+    torch.manual_seed(11)
+    ours, _ = rollout.sample_completions(
+        model, PROMPTS, 20, eos_token_ids=[3], pad_token_id=0, sampling=rollout.Sampling(temperature=0.9)
+    )
+    assert ours == generate_completions(model, PROMPTS, 11)
     assert len({tuple(c) for c in ours}) == len(ours)  # really sampled: the prompts' completions differ
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_rollout_prefills_each_distinct_prompt_once(kind):
+    """GRPO samples several completions per prompt: the prefill runs on the distinct prompts only, and every row's
+    cache gets its prompt's keys and values. The completions are still `generate`'s from the same seed, each drawn
+    on its own, with the model's own log-probs."""
+    import torch
+
+    from grpo_cli.train import rollout
+
+    model = tiny_model(kind)
+    prompts = [p for p in PROMPTS for _ in range(3)]  # as TRL repeats each prompt num_generations times
+    batches = []
+    hook = model.model.embed_tokens.register_forward_hook(lambda module, args, out: batches.append(args[0].shape))
+    torch.manual_seed(11)
+    ours, logprobs = rollout.sample_completions(
+        model, prompts, 20, eos_token_ids=[3], pad_token_id=0, sampling=rollout.Sampling(temperature=0.9)
+    )
+    hook.remove()
+    assert batches[0] == (len(PROMPTS), max(len(p) for p in PROMPTS))  # the prefill: one row per distinct prompt
+    assert all(shape == (len(prompts), 1) for shape in batches[1:])  # the decode steps: every completion
+    assert ours == generate_completions(model, prompts, 11)
+    assert len({tuple(c) for c in ours}) == len(ours)  # a prompt's completions are drawn each on its own
+    for prompt, completion, logp in zip(prompts, ours, logprobs, strict=True):
+        reference = teacher_forced_logprobs(model, prompt, completion, 0.9)
+        assert max(abs(a - b) for a, b in zip(logp, reference, strict=True)) < 1e-4
 
 
 def test_rollout_applies_lora_layers():

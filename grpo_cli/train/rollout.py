@@ -5,6 +5,9 @@ tens of milliseconds per token on a small model whose weights the GPU reads in w
 allocated once per rollout and the one-token step of the whole batch is captured as a CUDA graph. The sampling is
 TRL's: float32 logits, temperature, top-k, top-p, min-p, and a completion ends at its first EOS token, which it keeps.
 
+GRPO samples several completions of each prompt: a prompt goes through the prefill once, and its keys and values
+fill the cache rows of all its completions (each then drawn on its own).
+
 It reuses the model's own modules (norms, projections with any LoRA layers, MLP, rotary embedding), so only the
 attention and the cache are ours; models of another shape, and set-ups it does not cover, go through TRL's path.
 A decode step's attention goes through FlashAttention's variable-length kernel where PyTorch has it (each row and
@@ -35,6 +38,8 @@ ALL_DONE_CHECK_EVERY = 32  # decode steps between checks whether every completio
 ROLLOUT_MEMORY_SHARE = 0.8
 # Decode attention through FlashAttention's variable-length kernel where it exists (else PyTorch's SDPA with a mask).
 FLASH_DECODE = True
+# A prompt that several rows share (GRPO's generations of one prompt) goes through the prefill once.
+SHARED_PREFILL = True
 
 
 @dataclass
@@ -215,10 +220,12 @@ class _Decoder:
             self.query_starts = torch.arange(sequences + 1, device=device, dtype=torch.int32) * groups
             self.keys_seen = torch.zeros(sequences, device=device, dtype=torch.int32)
 
-    def forward(self, ids, positions, slots, mask, kv_len: int):
+    def forward(self, ids, positions, slots, mask, kv_len: int, rows=None):
         """Logits of the last token of each row, writing the chunk's keys/values at cache `slots`.
 
         ids, positions: [B, T]; slots: [T] cache indices; mask: [B, 1, T, kv_len] True where a query sees a key.
+        A prefill (T > 1) attends over its own keys/values; `rows` ([cache rows]) names the input row whose keys and
+        values each cache row gets (None: row i's own).
         """
         import torch
 
@@ -240,56 +247,67 @@ class _Decoder:
             if hasattr(attn, "q_norm"):  # Qwen3
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-            self.keys[i].index_copy_(2, slots, k.to(self.keys[i].dtype))
-            self.values[i].index_copy_(2, slots, v.transpose(1, 2).to(self.values[i].dtype))
-            del k, v  # in the cache now; with stacked projections, v would keep their whole output alive
-            keys, values = self.keys[i][:, :, :kv_len], self.values[i][:, :, :kv_len]
+            k, v = k.to(self.keys[i].dtype), v.transpose(1, 2).to(self.values[i].dtype)
             if length > 1:  # prefill: the fused kernel, without a [queries x keys] score tensor per head
                 out = torch.nn.functional.scaled_dot_product_attention(
                     q,
-                    keys.repeat_interleave(groups, dim=1),
-                    values.repeat_interleave(groups, dim=1),
+                    k.repeat_interleave(groups, dim=1),
+                    v.repeat_interleave(groups, dim=1),
                     attn_mask=mask,
                     scale=self.scaling,
                 )
-            elif self.flash:
-                out = _flash_decode(
-                    q.reshape(-1, 1, self.head_dim),  # [row, kv head, group] -> one sequence's queries per head
-                    self.keys[i].view(-1, 1, self.head_dim),
-                    self.values[i].view(-1, 1, self.head_dim),
-                    self.query_starts,
-                    self.key_starts,
-                    groups,
-                    kv_len,
-                    self.scaling,
-                    self.keys_seen,
-                ).view(batch, self.heads, 1, self.head_dim)
-            else:
-                # One query per row, grouped by its key/value head ([batch, kv_heads, groups, dim]): the fused kernel
-                # reads each key/value head once, never repeated, and the mask [batch, 1, 1, keys] holds for all.
-                q = q.reshape(batch, self.kv_heads, groups, self.head_dim)
-                out = torch.nn.functional.scaled_dot_product_attention(
-                    q, keys, values, attn_mask=mask, scale=self.scaling
-                )
-                out = out.view(batch, self.heads, 1, self.head_dim)
+            if rows is not None:
+                k, v = k.index_select(0, rows), v.index_select(0, rows)
+            self.keys[i].index_copy_(2, slots, k)
+            self.values[i].index_copy_(2, slots, v)
+            del k, v  # in the cache now; with stacked projections, v would keep their whole output alive
+            if length == 1:
+                out = self._decode_attention(i, q, mask, kv_len)
             h = h + attn.o_proj(out.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.lm_head(self.core.norm(h[:, -1:, :]))[:, -1, :]
+
+    def _decode_attention(self, i: int, q, mask, kv_len: int):
+        """Layer i's attention for one new token per row (q: [B, heads, 1, dim]) over the cache."""
+        import torch
+
+        batch, groups = q.shape[0], self.heads // self.kv_heads
+        if self.flash:
+            return _flash_decode(
+                q.reshape(-1, 1, self.head_dim),  # [row, kv head, group] -> one sequence's queries per head
+                self.keys[i].view(-1, 1, self.head_dim),
+                self.values[i].view(-1, 1, self.head_dim),
+                self.query_starts,
+                self.key_starts,
+                groups,
+                kv_len,
+                self.scaling,
+                self.keys_seen,
+            ).view(batch, self.heads, 1, self.head_dim)
+        # One query per row, grouped by its key/value head ([batch, kv_heads, groups, dim]): the fused kernel reads
+        # each key/value head once, never repeated, and the mask [batch, 1, 1, keys] holds for all.
+        q = q.reshape(batch, self.kv_heads, groups, self.head_dim)
+        keys, values = self.keys[i][:, :, :kv_len], self.values[i][:, :, :kv_len]
+        out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
+        return out.view(batch, self.heads, 1, self.head_dim)
 
     def stack_projections(self) -> None:
         """Make the decode steps' q/k/v one matrix product per layer (`_stacked_qkv`). Called after the prefill, whose
         activations set the rollout's peak: the stacked copy then never adds to it."""
         self.qkv = [_stacked_qkv(layer.self_attn) for layer in self.layers]
 
-    def prefill(self, ids, attention_mask):
-        """Run the prompts [B, P] through the model; the last position's logits."""
+    def prefill(self, ids, attention_mask, rows=None):
+        """Run the prompts [U, P] through the model; the last position's logits of every cache row. `rows` ([B]) is
+        the prompt of each cache row, where prompts repeat (None: U = B, one prompt per row)."""
         length = ids.shape[1]
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        pad_start = (length - attention_mask.sum(-1)).view(-1, 1, 1, 1)
         q = self.positions[:length].view(1, 1, length, 1)
         k = self.positions[:length].view(1, 1, 1, length)
         # A padding query attends to itself only, so no row is fully masked (which would give NaN keys/values).
-        mask = ((k >= self.pad_start) & (k <= q)) | (k == q)
-        return self.forward(ids, positions, self.positions[:length], mask, length)
+        mask = ((k >= pad_start) & (k <= q)) | (k == q)
+        logits = self.forward(ids, positions, self.positions[:length], mask, length, rows)
+        return logits if rows is None else logits.index_select(0, rows)
 
     def step(self, ids, positions, slot, kv_len: int):
         """One decode step: ids/positions [B, 1] at cache index `slot` ([1]); attends over the first kv_len slots."""
@@ -437,10 +455,19 @@ def _rows_free_memory_holds(model, prompt_ids: list[list[int]], max_new_tokens: 
     return rows
 
 
-def _processed_logprobs(logits, sampling: Sampling):
-    """float32 log-probabilities after temperature, top-k, top-p and min-p, as transformers' warpers apply them."""
+def _token_probs(logits, sampling: Sampling):
+    """float32 probabilities after temperature, top-k, top-p and min-p, as transformers' warpers apply them. Without
+    warpers, one softmax pass straight from the logits' own dtype (no float32 copy of the logits first)."""
     import torch
 
+    warped = (
+        (sampling.temperature and sampling.temperature != 1.0)
+        or sampling.top_k
+        or (sampling.top_p is not None and sampling.top_p < 1.0)
+        or sampling.min_p
+    )
+    if not warped:
+        return torch.softmax(logits, dim=-1, dtype=torch.float32)
     scores = logits.float()
     if sampling.temperature and sampling.temperature != 1.0:
         scores = scores / sampling.temperature
@@ -457,17 +484,17 @@ def _processed_logprobs(logits, sampling: Sampling):
         probs = scores.softmax(dim=-1)
         floor = sampling.min_p * probs.max(dim=-1, keepdim=True).values
         scores = scores.masked_fill(probs < floor, float("-inf"))
-    return torch.log_softmax(scores, dim=-1)
+    return torch.softmax(scores, dim=-1)
 
 
-def _draw(logprobs):
-    """One token per row from the probabilities exp(logprobs), the way `torch.multinomial` draws one sample (the
-    argmax of p / q with q ~ Exp(1)): the same random numbers and the same tokens, without its check of the
-    probabilities, a read back from the GPU at every decode step."""
+def _draw(probs):
+    """One token per row from `probs`, the way `torch.multinomial` draws one sample (the argmax of p / q with
+    q ~ Exp(1)): the same random numbers and the same tokens, without its check of the probabilities, a read back
+    from the GPU at every decode step."""
     import torch
 
-    probs = logprobs.exp()
-    return probs.div_(torch.empty_like(probs).exponential_()).argmax(-1)
+    ratio = torch.empty_like(probs).exponential_()
+    return torch.div(probs, ratio, out=ratio).argmax(-1)
 
 
 def sample_completions(
@@ -531,14 +558,23 @@ def sample_completions(
         slot = torch.full((1,), prompt_len - 1, dtype=torch.long, device=device)
         graphs = _GraphSteps(decoder, step_ids, step_positions, slot) if use_graphs else None
         checked = not use_graphs or _has_active_dropout(model)
-        logits = decoder.prefill(ids, attention)
+        # GRPO samples several completions per prompt: each distinct prompt goes through the prefill once, and its
+        # keys/values fill the cache rows of all its completions.
+        distinct: dict[tuple, int] = {}
+        rows = [distinct.setdefault(tuple(tokens), len(distinct)) for tokens in prompt_ids]
+        if SHARED_PREFILL and len(distinct) < batch:
+            firsts = torch.tensor([rows.index(u) for u in range(len(distinct))], device=device)
+            rows = torch.tensor(rows, device=device)
+            logits = decoder.prefill(ids[firsts], attention[firsts], rows)
+        else:
+            logits = decoder.prefill(ids, attention)
         decoder.stack_projections()
         produced = 0
         for t in range(max_new_tokens):
-            scores = _processed_logprobs(logits, sampling)
-            token = scores.argmax(-1) if sampling.greedy else _draw(scores)
+            probs = _token_probs(logits, sampling)
+            token = logits.argmax(-1) if sampling.greedy else _draw(probs)
             token = torch.where(done, torch.full_like(token, pad_token_id), token)
-            logprobs[:, t] = torch.where(done, 0.0, scores.gather(-1, token.unsqueeze(-1)).squeeze(-1))
+            logprobs[:, t] = torch.where(done, 0.0, probs.gather(-1, token.unsqueeze(-1)).squeeze(-1).log())
             tokens[:, t] = token
             done |= torch.isin(token, eos)
             produced = t + 1
