@@ -1,0 +1,32 @@
+#!/bin/bash
+# Two GPUs, one benchmark per GPU: all four shape/length pairs beside the baseline on one host, the gpu tests (the
+# first GPU run of FlashAttention's availability probe), the rollout alone with and without the compiled sampling.
+# Carries the first half of the demo model's wheel for call 2.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl-bench/*.whl || exit 1
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
+B="python3 benchmarks/grpo_bench.py --tokenizer .whl-bench/assets/tok"
+mkdir -p "$OUT/logs" /tmp/rollout; rm -rf /tmp/b0 /tmp/b1
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUT/gpu.txt"; nproc >> "$OUT/gpu.txt"
+lscpu | grep -i "model name" >> "$OUT/gpu.txt"
+(
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 330 $B --budget-s 320 --out "$OUT/gpu0.json" --work /tmp/b0 \
+    --plan qwen2.5-1.5b:256:trl:90:2,qwen2.5-1.5b:256:grpo:55:3,qwen2.5-0.5b:256:trl:80:2,qwen2.5-0.5b:256:grpo:50:3,qwen2.5-1.5b:1024:grpo:90:3 \
+    > "$OUT/logs/gpu0.log" 2>&1
+  GRPO_TEST_TOKENIZER=$PWD/.whl-bench/assets/tok timeout 90 python3 -m pytest -m gpu tests/ -q -p no:cacheprovider \
+    > "$OUT/logs/gpu-tests.log" 2>&1
+  for v in main compile-sampling; do
+    timeout 100 python3 benchmarks/rollout_bench.py --shape qwen2.5-1.5b --variant $v --out /tmp/rollout/$v.json \
+      > "$OUT/logs/rollout-$v.log" 2>&1
+  done
+) &
+(
+  export CUDA_VISIBLE_DEVICES=1
+  timeout 560 $B --budget-s 550 --out "$OUT/gpu1.json" --work /tmp/b1 \
+    --plan qwen2.5-1.5b:1024:trl:285:2,qwen2.5-0.5b:1024:trl:200:2,qwen2.5-0.5b:1024:grpo:80:3 \
+    > "$OUT/logs/gpu1.log" 2>&1
+) &
+wait
+tail -3 "$OUT/logs/gpu-tests.log"; tail -qn1 "$OUT"/logs/rollout-*.log
+tail -c 1800 "$OUT/logs/gpu0.log"; tail -c 1200 "$OUT/logs/gpu1.log"
+tar -C /tmp -czf "$OUT/rollout.tar.gz" rollout
