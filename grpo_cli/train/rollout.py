@@ -292,8 +292,8 @@ class _Decoder:
         return out.view(batch, self.heads, 1, self.head_dim)
 
     def stack_projections(self) -> None:
-        """Make the decode steps' q/k/v one matrix product per layer (`_stacked_qkv`). Called after the prefill, whose
-        activations set the rollout's peak: the stacked copy then never adds to it."""
+        """Make the decode steps' q/k/v one matrix product per layer (`_stacked_qkv`). Called after the prefill, so the
+        stacked copy and the prefill's activations are never held at once."""
         self.qkv = [_stacked_qkv(layer.self_attn) for layer in self.layers]
 
     def prefill(self, ids, attention_mask, rows=None):
