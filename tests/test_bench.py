@@ -145,6 +145,23 @@ def test_rollout_prefills_each_distinct_prompt_once(kind):
         assert max(abs(a - b) for a, b in zip(logp, reference, strict=True)) < 1e-4
 
 
+def test_rollout_tokenizes_each_distinct_prompt_once(tmp_path, tiny_grpo_trainer):
+    """TRL's chat template renders each distinct prompt once; every row gets its prompt's tokens, as TRL's own
+    tokenization of all rows gives them."""
+    from grpo_cli.train.rollout import _tokenize_distinct
+
+    trainer = tiny_grpo_trainer(tmp_path, [lambda completions, **kw: [0.0] * len(completions)])
+    prompts = [[{"role": "user", "content": word}] for word in ("Say a word.", "Count to three.") for _ in range(3)]
+    rendered = []
+    tokenize = trainer._tokenize_prompts
+    trainer._tokenize_prompts = lambda rows: rendered.append(len(rows)) or tokenize(rows)
+    ids, images, fields = _tokenize_distinct(prompts, trainer)
+    assert rendered == [2] and images is None and not fields
+    assert ids == tokenize(prompts)[0] and ids[0] != ids[3]
+    ids[0].append(-1)  # each row's list is its own
+    assert ids[1] != ids[0]
+
+
 def test_rollout_applies_lora_layers():
     """GRPO with LoRA samples from base + adapter: the rollout must go through the LoRA layers in place."""
     import torch
@@ -424,5 +441,5 @@ def test_rollouts_leave_no_gpu_memory_behind():
     for _ in range(3):
         rollout.sample_completions(model, prompts, 40, [299], 0)
     torch.cuda.synchronize()
-    assert not rollout._GRAPHS_BROKEN
+    assert not rollout._GRAPHS_BROKEN and model in rollout._GRAPHS_CHECKED  # the first replay checked, once
     assert torch.cuda.memory_allocated() <= before

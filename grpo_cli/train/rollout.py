@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import weakref
 from dataclasses import dataclass
 
 logger = logging.getLogger("grpo_cli.train.rollout")
@@ -379,6 +380,7 @@ class _GraphSteps:
 
 
 _GRAPHS_BROKEN: list[str] = []  # set once a graph replay disagreed with the eager step: eager from then on
+_GRAPHS_CHECKED: weakref.WeakSet = weakref.WeakSet()  # models whose first graph replay matched the eager step
 
 
 def cache_width(config) -> int:
@@ -557,7 +559,7 @@ def sample_completions(
         step_positions = (attention.sum(-1, keepdim=True) - 1).clamp(min=0)
         slot = torch.full((1,), prompt_len - 1, dtype=torch.long, device=device)
         graphs = _GraphSteps(decoder, step_ids, step_positions, slot) if use_graphs else None
-        checked = not use_graphs or _has_active_dropout(model)
+        checked = not use_graphs or model in _GRAPHS_CHECKED or _has_active_dropout(model)
         # GRPO samples several completions per prompt: each distinct prompt goes through the prefill once, and its
         # keys/values fill the cache rows of all its completions.
         distinct: dict[tuple, int] = {}
@@ -600,6 +602,7 @@ def sample_completions(
                 scale = eager.float().abs().max().clamp(min=1e-6)
                 error = float((replayed.float() - eager.float()).abs().max() / scale)
                 checked = True
+                _GRAPHS_CHECKED.add(model)
                 if error > 1e-2:
                     _GRAPHS_BROKEN.append(f"graph replay differs from the eager step by {error:.3g}")
                     logger.warning("CUDA graph decoding disabled: %s", _GRAPHS_BROKEN[-1])
@@ -645,6 +648,21 @@ def trainer_fallback_reason(trainer) -> str | None:
     return unsupported_reason(_policy(trainer))
 
 
+def _tokenize_distinct(prompts: list, trainer):
+    """TRL's tokenization of the prompts (chat template and all), each distinct prompt once: a GRPO batch holds
+    every prompt `num_generations` times."""
+    keys = [repr(prompt) for prompt in prompts]
+    first = {key: row for row, key in reversed(list(enumerate(keys)))}
+    if len(first) == len(prompts):
+        return trainer._tokenize_prompts(prompts)
+    distinct = sorted(first.values())
+    ids, images, fields = trainer._tokenize_prompts([prompts[row] for row in distinct])
+    if images is not None or fields:  # images and multimodal fields go row by row
+        return trainer._tokenize_prompts(prompts)
+    position = {row: i for i, row in enumerate(distinct)}
+    return [list(ids[position[first[key]]]) for key in keys], None, fields
+
+
 class StaticCacheRollout:
     """TRL `rollout_func`: completions from `sample_completions`, or from TRL's own generation where it can't serve."""
 
@@ -652,12 +670,15 @@ class StaticCacheRollout:
         self.reported = False
 
     def __call__(self, prompts: list, trainer) -> dict:
-        prompt_ids, images, fields = trainer._tokenize_prompts(prompts)
         reason = trainer_fallback_reason(trainer)
         if not self.reported:
             self.reported = True
             if reason:
                 logger.info("rollouts through TRL's generation: %s", reason)
+        if reason:  # as TRL tokenizes them (environments render each row with its own tools)
+            prompt_ids, images, fields = trainer._tokenize_prompts(prompts)
+        else:
+            prompt_ids, images, fields = _tokenize_distinct(prompts, trainer)
         if reason or images is not None or fields:
             generations = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
             completion_ids, _ = trainer._generate_single_turn(prompt_ids, images, fields, generations)
