@@ -349,6 +349,26 @@ def test_a_plan_entry_may_name_a_demo_model_with_its_pretrained_weights(demo_tok
     assert digit_share(["a1b2", "", [{"role": "assistant", "content": "7"}]]) == [0.5, 0.0, 1.0]
 
 
+def test_curve_stats_compares_the_two_sides_rewards():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from curve_stats import curve_stats
+
+    def side(name, rewards, std):
+        return {"side": name, "logs": [{"reward": r, "reward_std": std} for r in rewards]}
+
+    trl = [0.1 + 0.01 * i for i in range(10)]
+    grpo = [r + (0.008 if i == 3 else 0.0) for i, r in enumerate(trl)]
+    result = {"per_step": {"prompts": 2, "generations": 8}, "results": [side("trl", trl, 0.08), side("grpo", grpo, 0.08)]}
+    report = curve_stats(result)
+    assert report["steps"] == 10 and report["trl"]["slope_per_step"] == pytest.approx(0.01)
+    assert report["trl"]["first_5"] == pytest.approx(0.12) and report["trl"]["last_5"] == pytest.approx(0.17)
+    error = (2 * 0.08**2 / 16) ** 0.5  # one step's difference: two means of 16 completions
+    assert report["median_standard_error"] == pytest.approx(error)
+    assert report["largest_difference_in_standard_errors"] == pytest.approx(0.008 / error)
+    assert report["mean_difference"] == pytest.approx(0.0008)
+    assert report["mean_difference_in_standard_errors"] == pytest.approx(0.0008 / (error / 10**0.5))
+
+
 def test_memory_trace_names_who_holds_the_peak_and_what_stays():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from memory_trace import live_blocks, peak
