@@ -5,8 +5,8 @@ tens of milliseconds per token on a small model whose weights the GPU reads in w
 allocated once per rollout and the one-token step of the whole batch is captured as a CUDA graph. The sampling is
 TRL's: float32 logits, temperature, top-k, top-p, min-p, and a completion ends at its first EOS token, which it keeps.
 
-GRPO samples several completions of each prompt: a prompt goes through the prefill once, and its keys and values
-fill the cache rows of all its completions (each then drawn on its own).
+GRPO samples several completions of each prompt: a prompt is tokenized and goes through the prefill once, and its
+keys and values fill the cache rows of all its completions (each then drawn on its own).
 
 It reuses the model's own modules (norms, projections with any LoRA layers, MLP, rotary embedding), so only the
 attention and the cache are ours; models of another shape, and set-ups it does not cover, go through TRL's path.
