@@ -562,11 +562,9 @@ def sample_completions(
         checked = not use_graphs or model in _GRAPHS_CHECKED or _has_active_dropout(model)
         # GRPO samples several completions per prompt: each distinct prompt goes through the prefill once, and its
         # keys/values fill the cache rows of all its completions.
-        distinct: dict[tuple, int] = {}
-        rows = [distinct.setdefault(tuple(tokens), len(distinct)) for tokens in prompt_ids]
-        if SHARED_PREFILL and len(distinct) < batch:
-            firsts = torch.tensor([rows.index(u) for u in range(len(distinct))], device=device)
-            rows = torch.tensor(rows, device=device)
+        firsts, rows = _distinct([tuple(tokens) for tokens in prompt_ids])
+        if SHARED_PREFILL and len(firsts) < batch:
+            firsts, rows = torch.tensor(firsts, device=device), torch.tensor(rows, device=device)
             logits = decoder.prefill(ids[firsts], attention[firsts], rows)
         else:
             logits = decoder.prefill(ids, attention)
@@ -648,19 +646,26 @@ def trainer_fallback_reason(trainer) -> str | None:
     return unsupported_reason(_policy(trainer))
 
 
+def _distinct(keys: list) -> tuple[list[int], list[int]]:
+    """The first row of each distinct key, in order, and each row's index among them (GRPO repeats every prompt
+    `num_generations` times)."""
+    index: dict = {}
+    rows = [index.setdefault(key, len(index)) for key in keys]
+    firsts = [0] * len(index)
+    for row in reversed(range(len(rows))):
+        firsts[rows[row]] = row
+    return firsts, rows
+
+
 def _tokenize_distinct(prompts: list, trainer):
-    """TRL's tokenization of the prompts (chat template and all), each distinct prompt once: a GRPO batch holds
-    every prompt `num_generations` times."""
-    keys = [repr(prompt) for prompt in prompts]
-    first = {key: row for row, key in reversed(list(enumerate(keys)))}
-    if len(first) == len(prompts):
+    """TRL's tokenization of the prompts (chat template and all), each distinct prompt once."""
+    firsts, rows = _distinct([repr(prompt) for prompt in prompts])
+    if len(firsts) == len(prompts):
         return trainer._tokenize_prompts(prompts)
-    distinct = sorted(first.values())
-    ids, images, fields = trainer._tokenize_prompts([prompts[row] for row in distinct])
+    ids, images, fields = trainer._tokenize_prompts([prompts[row] for row in firsts])
     if images is not None or fields:  # images and multimodal fields go row by row
         return trainer._tokenize_prompts(prompts)
-    position = {row: i for i, row in enumerate(distinct)}
-    return [list(ids[position[first[key]]]) for key in keys], None, fields
+    return [list(ids[u]) for u in rows], None, fields
 
 
 class StaticCacheRollout:
