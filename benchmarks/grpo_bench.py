@@ -85,6 +85,7 @@ CONFIGS = {
     "grpo-offload": ("grpo", {"micro_batch": "recipe", "activation_offloading": True, "lean_lm_head": False}),
     "grpo-lean": ("grpo", {"micro_batch": "recipe", "activation_offloading": False, "lean_lm_head": True}),
     "grpo-offload-lean": ("grpo", {"micro_batch": "recipe", "activation_offloading": True, "lean_lm_head": True}),
+    "grpo-no-lean": ("grpo", {"micro_batch": "recipe", "lean_lm_head": False}),  # offloading left to the default
     "grpo-mb16-offload-lean": ("grpo", {"micro_batch": 16, "activation_offloading": True, "lean_lm_head": True}),
     # LoRA (TRL's default adapter: rank 16 on the attention's q and v projections): the offloading rule leaves it off
     # at 256 tokens (layer inputs 0.88x the rollout's cache, under the 1x LoRA needs); "-offload" forces it on
@@ -506,12 +507,13 @@ def copy_bandwidth(device: str) -> float:
     return 2 * size * repeats / seconds
 
 
-def reward_scoring(count: int) -> dict:
+def reward_scoring(count: int, batches: int = 1) -> dict:
     """Seconds to score `count` completions with the countdown rewards and with math-verify's dapo_answer.
 
     math-verify's timing is that of a training step after the first: its worker processes start (and import
-    math-verify) with the first batch that needs them, timed apart as `dapo_answer_first_batch_s`; then
-    `dapo_answer_s` scores a batch of new answers, none of which the first batch compared.
+    math-verify) with the first batch that needs them, timed apart as `dapo_answer_first_batch_s`; then `batches`
+    batches of new answers, none of which an earlier batch compared (`dapo_answer_batches_s`; `dapo_answer_s`, their
+    median).
     """
     from grpo_cli.rewards import build_reward_funcs
 
@@ -538,11 +540,15 @@ def reward_scoring(count: int) -> dict:
         return [[{"role": "assistant", "content": t}] for t in texts], golds
 
     for func in dapo:
-        for key, offset in (("dapo_answer_first_batch_s", count), ("dapo_answer_s", 0)):
+        steady = []
+        for offset in [batches * count] + [k * count for k in range(batches)]:
             answers, golds = batch(offset)
             start = time.perf_counter()
             func(prompts=None, completions=answers, solution=golds)
-            timings[key] = time.perf_counter() - start
+            steady.append(time.perf_counter() - start)
+        timings["dapo_answer_first_batch_s"] = steady.pop(0)
+        timings["dapo_answer_batches_s"] = steady
+        timings["dapo_answer_s"] = statistics.median(steady)
     timings["completions"] = count
     return timings
 
@@ -796,7 +802,7 @@ def main(argv: list[str] | None = None) -> None:
     bandwidth = copy_bandwidth(args.device)
     report["machine"]["copy_bandwidth_gb_s"] = bandwidth / 1e9
     try:
-        report["reward_scoring"] = reward_scoring(args.reward_completions)
+        report["reward_scoring"] = reward_scoring(args.reward_completions, batches=5)
     except Exception as err:  # noqa: BLE001 - the step timings are the main result: keep going
         report["reward_scoring"] = {"error": f"{type(err).__name__}: {err}"}
     tokenizer_dir = tokenizer_folder(args.tokenizer, work)

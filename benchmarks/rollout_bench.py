@@ -82,6 +82,33 @@ def attention_backend(variant: str):
     return sdpa_kernel([backend[variant.removeprefix("sdpa-")]])
 
 
+def kernel_gaps(trace: dict, top: int = 25) -> str:
+    """Where the GPU sat idle in a profiled rollout: its kernels' time against the span from the first to the last,
+    and the idle time between two kernels summed by the pair of kernels around it (names cut to 60 characters)."""
+    kernels = sorted(
+        (e["ts"], e["ts"] + e["dur"], e["name"][:60])
+        for e in trace.get("traceEvents", [])
+        if e.get("cat") == "kernel" and "dur" in e
+    )
+    if not kernels:
+        return "no kernel events in the trace"
+    busy, gaps, end, previous = 0.0, {}, kernels[0][0], "(start)"
+    for start, stop, name in kernels:
+        if start > end:
+            key = (previous, name)
+            total, count = gaps.get(key, (0.0, 0))
+            gaps[key] = (total + start - end, count + 1)
+        busy += max(0.0, stop - max(start, end))
+        end, previous = max(end, stop), name
+    span = end - kernels[0][0]
+    summary = f"kernels: {len(kernels)}; span {span / 1000:.1f} ms, kernels busy {busy / 1000:.1f} ms, "
+    summary += f"idle {(span - busy) / 1000:.1f} ms"
+    lines = [summary, f"{'idle ms':>9} {'count':>7} {'mean us':>8}  kernel before -> kernel after"]
+    for (before, after), (total, count) in sorted(gaps.items(), key=lambda kv: -kv[1][0])[:top]:
+        lines.append(f"{total / 1000:9.2f} {count:7d} {total / count:8.2f}  {before} -> {after}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="qwen2.5-1.5b", choices=[s for s in SHAPES if s != "tiny"])
@@ -174,6 +201,10 @@ def main() -> None:
         averages = prof.key_averages()
         tables = [averages.table(sort_by="cuda_time_total", row_limit=45, max_name_column_width=90)]
         tables.append(averages.table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=90))
+        trace = Path(args.profile).with_suffix(".trace.json")
+        prof.export_chrome_trace(str(trace))
+        tables.append(kernel_gaps(json.loads(trace.read_text())))
+        trace.unlink()
         write_text(Path(args.profile), "\n\n".join(tables))
     if args.out:
         write_text(Path(args.out), json.dumps(result, indent=1) + "\n")

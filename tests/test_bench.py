@@ -369,6 +369,31 @@ def test_curve_stats_compares_the_two_sides_rewards():
     assert report["mean_difference_in_standard_errors"] == pytest.approx(0.0008 / (error / 10**0.5))
 
 
+def test_kernel_gaps_sums_the_idle_time_between_kernels():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from rollout_bench import kernel_gaps
+
+    def kernel(name, ts_ms, dur_ms):  # the trace's times are in microseconds
+        return {"cat": "kernel", "name": name, "ts": 1000 * ts_ms, "dur": 1000 * dur_ms}
+
+    trace = {
+        "traceEvents": [
+            kernel("gemm", 0, 10),
+            {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 50},  # not a kernel
+            kernel("norm", 14, 2),  # 4 ms after gemm
+            kernel("rope", 15, 5),  # overlaps norm: no idle time, busy until 20
+            kernel("gemm", 30, 10),  # 10 ms after rope
+            kernel("norm", 44, 6),  # 4 ms after gemm again
+        ]
+    }
+    lines = kernel_gaps(trace).splitlines()
+    assert lines[0] == "kernels: 5; span 50.0 ms, kernels busy 32.0 ms, idle 18.0 ms"
+    assert lines[2].split() == ["10.00", "1", "10000.00", "rope", "->", "gemm"]
+    assert lines[3].split() == ["8.00", "2", "4000.00", "gemm", "->", "norm"]
+    assert len(lines) == 4
+    assert kernel_gaps({"traceEvents": []}) == "no kernel events in the trace"
+
+
 def test_memory_trace_names_who_holds_the_peak_and_what_stays():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from memory_trace import live_blocks, peak
