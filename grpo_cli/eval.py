@@ -241,6 +241,7 @@ def _generate_transformers(
 
     from grpo_cli.models import load_model, quiet_progress_bars
     from grpo_cli.train.memory import eval_out_of_memory_problem, is_out_of_memory
+    from grpo_cli.train.rollout import is_nonfinite_sampling
 
     with quiet_progress_bars():
         model = load_model(spec.model, model_args, adapter=spec.adapter)
@@ -261,6 +262,11 @@ def _generate_transformers(
                 model, config, tokenizer, prompt_ids, settings, per_call, eos, advance
             )
     except Exception as err:
+        if is_nonfinite_sampling(err):
+            raise UserError(
+                f"{spec.label} produced non-finite token probabilities (NaN or inf logits: {err}) - its forward pass "
+                "overflows; evaluate it in float32 (--dtype float32) or use an earlier checkpoint"
+            ) from None
         if not is_out_of_memory(err):
             raise
         problem = eval_out_of_memory_problem(
@@ -310,6 +316,27 @@ def _sample_static(
     return results
 
 
+class _FiniteScores:
+    """A logits processor that leaves the scores as they are and remembers (on the device, no sync per token)
+    whether any was NaN or inf: greedy decoding would turn them into token 0 without a word."""
+
+    def __init__(self):
+        self.bad = None
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        bad = torch.isnan(scores).any() | torch.isposinf(scores).any()
+        self.bad = bad if self.bad is None else self.bad | bad
+        return scores
+
+    def check(self) -> None:
+        from grpo_cli.train.rollout import NonFiniteProbabilities
+
+        if self.bad is not None and bool(self.bad):
+            raise NonFiniteProbabilities("generate met NaN or inf logits")
+
+
 def _generate_batches(
     model, config, tokenizer, prompt_ids, settings, per_call, eos, advance
 ) -> list[list[tuple[str, int]]]:
@@ -343,8 +370,12 @@ def _generate_batches(
         pad = tokenizer.pad_token_id
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=device)
         mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=device)
+        finite = _FiniteScores()
         with torch.no_grad():
-            out = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
+            out = model.generate(
+                input_ids=input_ids, attention_mask=mask, generation_config=config, logits_processor=[finite]
+            )
+        finite.check()
         generated = out[:, width:].tolist()
         for p in range(len(batch)):
             group = generated[p * settings.num_generations : (p + 1) * settings.num_generations]

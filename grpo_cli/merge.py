@@ -155,7 +155,7 @@ def merge_adapter(
     import torch
     from peft import PeftModel
 
-    from grpo_cli.models import load_model
+    from grpo_cli.models import load_model, refuse_nonfinite
 
     adapter_dir, label = find_adapter(adapter)
     recorded = base_model_of(adapter_dir)
@@ -188,6 +188,7 @@ def merge_adapter(
             f"the adapter {adapter_dir} does not fit the base model {base_path} ({err}) - pass the --base it was "
             "trained on"
         ) from err
+    refuse_nonfinite(model, f"the adapter {adapter_dir}")
     reference = _logits(model, ids)
     before = _fingerprints(model)
     if not before:

@@ -525,9 +525,32 @@ def load_model(name_or_path: str, model_args=None, for_training: bool = False, a
 
         adapter_dir, _ = find_adapter(adapter)
         model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=for_training)
+    refuse_nonfinite(model, name_or_path if not adapter else f"{name_or_path} with the adapter {adapter}")
     if not for_training:
         model.eval()
     return model
+
+
+def first_nonfinite(named_tensors) -> str | None:
+    """The name of the first floating-point tensor holding NaN or inf, or None (one device sync for them all)."""
+    import torch
+
+    named = [(name, t) for name, t in named_tensors if t is not None and t.is_floating_point() and t.numel()]
+    if not named:
+        return None
+    finite = torch.stack([torch.isfinite(t).all().to(named[0][1].device) for _, t in named])
+    bad = (~finite).nonzero()
+    return named[int(bad[0])][0] if len(bad) else None
+
+
+def refuse_nonfinite(model, source: str) -> None:
+    """Refuse a model whose weights hold NaN or inf (what a diverged run leaves behind), naming the tensor."""
+    name = first_nonfinite(model.named_parameters())
+    if name is not None:
+        raise UserError(
+            f"{source} holds non-finite weights (NaN or inf), first in {name} - a run that diverged saved it; "
+            "use an earlier checkpoint or the base model"
+        )
 
 
 # ------------------------------------------------------------------------------------------ trained outputs

@@ -123,9 +123,30 @@ class MemoryArguments:
     )
 
 
+@dataclass
+class HealthArguments:
+    """What a run does with non-finite numbers (NaN, inf) in a step."""
+
+    nonfinite_guard: bool = field(
+        default=True,
+        metadata={
+            "help": "Check every step's rewards, advantages, losses and gradients: a step with a non-finite one "
+            "applies no update and is named on the console; weights are checked before every save."
+        },
+    )
+    nonfinite_patience: int = field(
+        default=3,
+        metadata={
+            "help": "Stop the run (exit code 2) after this many non-finite steps in a row, naming the last healthy "
+            "checkpoint; 0: skip them and go on."
+        },
+    )
+
+
 OWN_ARGUMENTS = {
     "task": TaskArguments,
     "reward": RewardArguments,
     "tracking": TrackingArguments,
     "memory": MemoryArguments,
+    "health": HealthArguments,
 }

@@ -20,7 +20,13 @@ import yaml
 
 from grpo_cli.errors import UserError
 from grpo_cli.recipe import schema
-from grpo_cli.recipe.args import MemoryArguments, RewardArguments, TaskArguments, TrackingArguments
+from grpo_cli.recipe.args import (
+    HealthArguments,
+    MemoryArguments,
+    RewardArguments,
+    TaskArguments,
+    TrackingArguments,
+)
 
 COMMAND_NAMES = {"rl": "grpo rl", "sft": "grpo sft"}
 TRUE, FALSE = {"true", "yes", "1", "on"}, {"false", "no", "0", "off"}
@@ -82,6 +88,10 @@ class Recipe:
     @property
     def memory(self) -> MemoryArguments:
         return self._build(MemoryArguments)
+
+    @property
+    def health(self) -> HealthArguments:
+        return self._build(HealthArguments)
 
     def model_config(self):
         """TRL's ModelConfig for this recipe (imports trl)."""

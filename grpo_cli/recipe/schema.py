@@ -118,7 +118,13 @@ def read_live() -> dict:
     own = {group: _fields(cls) for group, cls in OWN_ARGUMENTS.items()}
     commands = {}
     for command, config in (("rl", GRPOConfig), ("sft", SFTConfig)):
-        groups = {"model": model, "training": _fields(config), "task": own["task"], "tracking": own["tracking"]}
+        groups = {
+            "model": model,
+            "training": _fields(config),
+            "task": own["task"],
+            "tracking": own["tracking"],
+            "health": own["health"],
+        }
         if command == "rl":
             groups["reward"] = own["reward"]
             groups["memory"] = own["memory"]  # for sft, SFTConfig has the same key

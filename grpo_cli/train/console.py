@@ -33,6 +33,8 @@ from rich.text import Text
 
 from grpo_cli.console import console as shared_console
 from grpo_cli.recipe.args import TrackingArguments
+from grpo_cli.train.collapse import CollapseWatch
+from grpo_cli.train.collapse import finite_number as _get
 
 # ------------------------------------------------------------------------------------------------ library noise
 
@@ -170,13 +172,6 @@ def reward_names(logs: dict[str, Any]) -> list[str]:
         for key in logs
         if key.startswith("rewards/") and key.endswith("/mean")
     ]
-
-
-def _get(logs: dict[str, Any], key: str) -> float | None:
-    value = logs.get(key)
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
 
 
 def metrics_line(
@@ -353,6 +348,8 @@ class _RunConsole:
         self._last_logs: dict[str, Any] = {}
         self._best: tuple[float, int] | None = None
         self._runtime: float | None = None
+        self.collapse = CollapseWatch()
+        self.guard = None  # the run's StepGuard, if any: a run it stopped does not end with "done"
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
@@ -419,6 +416,8 @@ class _RunConsole:
                 f" | {_duration(time.monotonic() - self._started)} elapsed, eta {_duration(self.eta(step))}"
             )
         self.console.print(Text(line), soft_wrap=True)
+        for finding in self.collapse.update(step, logs):
+            self.console.print(Text(f"step {step}: {finding}", style="bold yellow"), soft_wrap=True)
         if self.trainer is not None and getattr(self.trainer, "_logs", None) and self.samples.due(step):
             self.show_samples(step)
 
@@ -428,6 +427,9 @@ class _RunConsole:
         self.close()
         steps = int(state.global_step) - self._start_step
         seconds = self._runtime if self._runtime is not None else time.monotonic() - self._started
+        if self.guard is not None and self.guard.stopped:
+            self.console.print(Text(f"stopped after {steps} steps in {_duration(seconds)}", style="bold red"))
+            return
         summary = f"done: {steps} steps in {_duration(seconds)}"
         if steps > 0:
             summary += f" ({seconds / steps:.1f} s/step)"

@@ -13,24 +13,50 @@ from pathlib import Path
 from trl import GRPOTrainer
 
 from grpo_cli.recipe import Recipe, reward_names
+from grpo_cli.train.health import GuardedSteps, NonFiniteStop
 from grpo_cli.train.lm_head import use_lean_lm_head
 from grpo_cli.train.memory import explains_out_of_memory
 from grpo_cli.train.offload import LayerInputOffload
-from grpo_cli.train.rollout import static_rollout
+from grpo_cli.train.rollout import is_nonfinite_sampling, static_rollout
 from grpo_cli.train.run import TrainingRun
 
 
-class RLTrainer(GRPOTrainer):
-    """GRPOTrainer that also appends every scored rollout (prompt, completion, rewards, advantage) to a JSONL file."""
+class RLTrainer(GuardedSteps, GRPOTrainer):
+    """GRPOTrainer that checks each scored batch for non-finite numbers (the run's `StepGuard`) and appends every
+    scored rollout (prompt, completion, rewards, advantage) to a JSONL file."""
 
     rollouts_path: Path | None = None
 
     def _generate_and_score_completions(self, inputs):
         before = len(self._logs["advantages"])
-        output = super()._generate_and_score_completions(inputs)
+        try:
+            output = super()._generate_and_score_completions(inputs)
+        except RuntimeError as err:
+            if not is_nonfinite_sampling(err):
+                raise
+            # No completions to train on, so no step to skip: the run stops here.
+            raise NonFiniteStop(
+                f"training stopped at step {self.state.global_step + 1}: the rollout's token probabilities are not "
+                f"finite ({err}) - the model's forward pass overflows in {self.model.dtype}; nothing was saved "
+                "from this step"
+            ) from None
+        count = len(self._logs["advantages"]) - before or len(self._logs["advantages"])
+        if self.model.training and self.step_guard is not None:
+            self._check_scores(output["advantages"], count)
         if self.rollouts_path is not None and self.accelerator.is_main_process and self.model.training:
-            self._write_rollouts(len(self._logs["advantages"]) - before or len(self._logs["advantages"]))
+            self._write_rollouts(count)
         return output
+
+    def _check_scores(self, advantages, count: int) -> None:
+        """Tell the guard about infinite rewards (NaN is a reward that did not apply) and non-finite advantages."""
+        import torch
+
+        start = len(self._logs["advantages"]) - count
+        for name, values in self._logs["rewards"].items():
+            if any(math.isinf(v) for v in list(values)[start:]):
+                self.step_guard.note("rewards", name)
+        if not bool(torch.isfinite(advantages).all()):
+            self.step_guard.note("advantages")
 
     def _write_rollouts(self, count: int) -> None:
         # The trainer keeps the latest generation batch, gathered from every process, in `_logs`.

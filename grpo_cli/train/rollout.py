@@ -489,6 +489,16 @@ def _token_probs(logits, sampling: Sampling):
     return torch.softmax(scores, dim=-1)
 
 
+class NonFiniteProbabilities(RuntimeError):
+    """A drawn token's probability was NaN or inf: the model's logits were not finite."""
+
+
+def is_nonfinite_sampling(err: BaseException) -> bool:
+    """Whether `err` says that sampling met non-finite probabilities: grpo's sampler's, or torch.multinomial's
+    ("probability tensor contains either `inf`, `nan` or element < 0") under transformers' generate."""
+    return isinstance(err, NonFiniteProbabilities) or "probability tensor contains" in str(err)
+
+
 def _draw(probs):
     """One token per row from `probs`, the way `torch.multinomial` draws one sample (the argmax of p / q with
     q ~ Exp(1)): the same random numbers and the same tokens, without its check of the probabilities, a read back
@@ -610,6 +620,12 @@ def sample_completions(
     if graphs is not None:
         del graphs, decoder
         _release_side_workspace()
+    # A NaN row of probabilities still yields a token (the argmax of NaN): its log-probability is what shows it.
+    finite = torch.isfinite(logprobs).all(-1)
+    if not bool(finite.all()):
+        raise NonFiniteProbabilities(
+            f"{int((~finite).sum())} of {batch} completions drew tokens from non-finite probabilities"
+        )
 
     is_eos = torch.isin(tokens, eos.cpu())
     completions, completion_logprobs = [], []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import math
 import os
 import shutil
 from pathlib import Path
@@ -13,10 +14,11 @@ from grpo_cli.atomic import write_text
 from grpo_cli.console import console
 from grpo_cli.errors import UserError
 from grpo_cli.launch import accelerate_config_from_env, is_main_process, world_size
-from grpo_cli.models import gpu_problems, load_model, load_tokenizer, render_prompt
+from grpo_cli.models import first_nonfinite, gpu_problems, load_model, load_tokenizer, render_prompt
 from grpo_cli.recipe import Recipe
-from grpo_cli.train.checkpoints import GracefulStop, resume_point
+from grpo_cli.train.checkpoints import GracefulStop, latest_checkpoint, resume_point
 from grpo_cli.train.console import RunConsole, quiet_libraries, remove_default_printers
+from grpo_cli.train.health import NonFiniteStop, StepGuard, stability_advice
 from grpo_cli.train.tracking import swanlab_callback, tracking_problems
 
 logger = logging.getLogger("grpo_cli.train")
@@ -30,6 +32,17 @@ def _peak_gpu_memory(trainer) -> list[float] | None:
         return None
     peak = torch.tensor([torch.cuda.max_memory_allocated() / 2**30], device=trainer.accelerator.device)
     return [round(x, 2) for x in trainer.accelerator.gather(peak).tolist()]
+
+
+def _finite(value):
+    """`value` with every NaN and inf float as None: strict JSON, where a diverged step logged NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _default(recipe: Recipe, key: str, value, why: str) -> None:
@@ -149,6 +162,12 @@ class TrainingRun:
         )
         self.stop = GracefulStop()
         self.console = RunConsole(recipe.tracking)
+        health = recipe.health
+        self.guard = None
+        if health.nonfinite_guard:
+            advice = stability_advice(recipe.resolved())
+            self.guard = StepGuard(health.nonfinite_patience, self.output_dir, advice)
+            self.console.guard = self.guard
         if self.main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             write_text(self.output_dir / "recipe.yaml", recipe.to_yaml())
@@ -174,7 +193,8 @@ class TrainingRun:
         return get_peft_config(self.model_args)
 
     def callbacks(self) -> list:
-        callbacks = [self.console, self.stop]
+        # The guard comes after the others: it has the last word on whether a step's checkpoint is saved.
+        callbacks = [self.console, self.stop] + ([self.guard] if self.guard else [])
         name = self.args.run_name or self.output_dir.name
         tracker = swanlab_callback(self.recipe.tracking, str(self.output_dir), name, self.recipe.values)
         return callbacks + ([tracker] if tracker else [])
@@ -185,11 +205,26 @@ class TrainingRun:
             if hasattr(callback, "trainer"):  # the console and the tracker show sample completions from the trainer
                 callback.trainer = trainer
         remove_default_printers(trainer)
+        if self.guard is not None:
+            self.guard.trainer = trainer
+            trainer.step_guard = self.guard  # each micro-batch's loss
         self.stop.install()
         try:
             result = trainer.train(resume_from_checkpoint=str(self.checkpoint) if self.checkpoint else None)
+        except NonFiniteStop as stop:
+            self.console.close()
+            raise NonFiniteStop(*stop.problems, *self._resume_lines()) from None
         finally:
             self.stop.uninstall()
+        if self.guard is not None and self.guard.stopped:
+            self._write_summary(trainer, None)
+            raise NonFiniteStop(self.guard.stopped)
+        if self.guard is not None and self.guard.skipped and trainer.accelerator.is_main_process:
+            steps = ", ".join(str(bad.step) for bad in self.guard.skipped[:10])
+            more = "" if len(self.guard.skipped) <= 10 else ", ..."
+            console.print(
+                f"[yellow]{len(self.guard.skipped)} step(s) applied no update (non-finite values): {steps}{more}[/]"
+            )
         if self.stop.requested:
             console.print(
                 f"stopped at step {trainer.state.global_step}; the checkpoint is in {self.output_dir}. "
@@ -197,21 +232,40 @@ class TrainingRun:
             )
             raise KeyboardInterrupt
         self._save_final(trainer)
-        peaks = _peak_gpu_memory(trainer)
+        self._write_summary(trainer, result.metrics)
         if trainer.accelerator.is_main_process:
-            summary = {
-                "global_step": trainer.state.global_step,
-                "num_processes": trainer.accelerator.num_processes,
-                "peak_gpu_memory_gib": peaks,
-                "metrics": result.metrics,
-                "log_history": trainer.state.log_history,
-            }
-            write_text(self.output_dir / "train_summary.json", json.dumps(summary, indent=1))
             console.print(f"[bold green]saved[/] {self.output_dir}")
         return self.output_dir
 
+    def _write_summary(self, trainer, metrics: dict | None) -> None:
+        peaks = _peak_gpu_memory(trainer)
+        if not trainer.accelerator.is_main_process:
+            return
+        summary = {
+            "global_step": trainer.state.global_step,
+            "num_processes": trainer.accelerator.num_processes,
+            "peak_gpu_memory_gib": peaks,
+            **(self.guard.summary() if self.guard is not None else {}),
+            "metrics": metrics,
+            "log_history": trainer.state.log_history,
+        }
+        write_text(self.output_dir / "train_summary.json", json.dumps(_finite(summary), indent=1, allow_nan=False))
+
+    def _resume_lines(self) -> list[str]:
+        checkpoint = latest_checkpoint(self.output_dir)
+        if checkpoint is None:
+            return ["No checkpoint was saved before it."]
+        return [f"The last healthy checkpoint is {checkpoint}: the same command resumes from it."]
+
     def _save_final(self, trainer) -> None:
         """Save into a temporary folder first, then move the files in, so a kill never leaves a half-written model."""
+        if self.guard is not None:
+            name = first_nonfinite(trainer.model.named_parameters())
+            if name is not None:
+                raise NonFiniteStop(
+                    f"the trained weights hold NaN or inf (first in {name}): the final model was not saved",
+                    *self._resume_lines(),
+                )
         staging = self.output_dir / ".final.tmp"
         if trainer.accelerator.is_main_process:
             shutil.rmtree(staging, ignore_errors=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from grpo_cli.recipe import Recipe
+from grpo_cli.train.health import GuardedSteps
 from grpo_cli.train.memory import explains_out_of_memory
 from grpo_cli.train.run import TrainingRun
 
@@ -16,9 +17,12 @@ def run_sft(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Pat
 
     from grpo_cli.tasks import sft_dataset
 
+    class GuardedSFTTrainer(GuardedSteps, SFTTrainer):
+        """SFTTrainer whose micro-batch losses go to the run's StepGuard."""
+
     run = TrainingRun(recipe, resume=resume, overwrite=overwrite)
     examples = sft_dataset(recipe.task, recipe.task.dataset_train_split)
-    trainer = SFTTrainer(
+    trainer = GuardedSFTTrainer(
         model=run.load_model(),
         args=run.args,
         train_dataset=examples,

@@ -1,0 +1,226 @@
+"""The step guard on real GRPO and SFT steps of a tiny model: non-finite steps are skipped, counted and named, a
+run of them stops with exit code 2 and leaves its last checkpoint resumable, and NaN weights are refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_train import recipe_file, state, train
+
+from grpo_cli.errors import UserError
+from grpo_cli.train.collapse import CollapseWatch
+
+pytestmark = pytest.mark.slow
+
+# A reward that turns infinite after INF_AFTER calls (one call per generation batch), for a real non-finite step.
+FLAKY_REWARD = """
+import os
+CALLS = [0]
+
+def flaky(completions, **kwargs):
+    CALLS[0] += 1
+    after = int(os.environ.get("INF_AFTER", "0"))
+    texts = [c[-1]["content"] for c in completions]
+    if after and CALLS[0] > after:
+        return [float("inf")] * len(texts)
+    return [sum(ch in "aeiou" for ch in t) / max(1, len(t)) for t in texts]
+"""
+
+
+def flaky_recipe(tmp_path: Path, model: Path, extra: str = "") -> Path:
+    path = recipe_file(tmp_path, model, "rl", extra)
+    (tmp_path / "flaky.py").write_text(FLAKY_REWARD)
+    text = path.read_text().replace(
+        f'"{tmp_path / "my_rewards.py"}:vowel_share"', f'"{tmp_path / "flaky.py"}:flaky"'
+    )
+    path.write_text(text)
+    return path
+
+
+def poisoned_backward(monkeypatch, bad_calls: set[int]):
+    """Make the real backward pass of the listed micro-batches (1-based) put NaN into one weight's gradient."""
+    import torch
+
+    from grpo_cli.train.run import TrainingRun
+
+    load = TrainingRun.load_model
+    calls = [0]
+
+    def load_with_hook(self):
+        model = load(self)
+        weight = next(p for p in model.parameters() if p.requires_grad)
+
+        def hook(grad):
+            calls[0] += 1
+            return grad * torch.nan if calls[0] in bad_calls else grad
+
+        weight.register_hook(hook)
+        return model
+
+    monkeypatch.setattr(TrainingRun, "load_model", load_with_hook)
+
+
+def losses_and_rewards(out: Path) -> list[tuple]:
+    history = json.loads((out / "train_summary.json").read_text())["log_history"]
+    return [(e["step"], e.get("loss"), e.get("reward"), e.get("grad_norm")) for e in history if "reward" in e]
+
+
+def test_a_nan_gradient_is_skipped_counted_and_leaves_the_weights_alone(tmp_path, tiny_model_dir, monkeypatch):
+    from safetensors.torch import load_file
+
+    poisoned_backward(monkeypatch, {2})
+    path = recipe_file(tmp_path, tiny_model_dir, "rl", "beta: 0.0\n")
+    out = train(path, "rl", ["--max_steps", "3"])
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["skipped_steps"] == 1
+    assert summary["non_finite_steps"] == [{"step": 2, "non_finite": ["gradient norm"]}]
+    assert summary["global_step"] == 3 and summary["stopped"] is None
+    # Step 2 applied nothing: its checkpoint holds step 1's weights; step 3 trained on.
+    one, two = load_file(str(out / "checkpoint-1" / "model.safetensors")), None
+    two = load_file(str(out / "checkpoint-2" / "model.safetensors"))
+    three = load_file(str(out / "model.safetensors"))
+    assert all((one[k] == two[k]).all() for k in one)
+    assert any(not (two[k] == three[k]).all() for k in two)
+    assert all(bool(t.isfinite().all()) for t in three.values())
+    # Strict JSON although the logged grad_norm of step 2 was NaN.
+    assert "NaN" not in (out / "train_summary.json").read_text()
+
+
+def test_nan_gradients_in_a_row_stop_with_the_keys_that_usually_help(tmp_path, tiny_model_dir, monkeypatch):
+    from grpo_cli.train.health import NonFiniteStop
+
+    poisoned_backward(monkeypatch, {2, 3, 4})
+    path = recipe_file(tmp_path, tiny_model_dir, "rl", "beta: 0.01\n")
+    with pytest.raises(NonFiniteStop) as stop:
+        train(path, "rl", ["--max_steps", "6"])
+    text = str(stop.value)
+    assert "training stopped at step 4: 3 steps in a row (2, 3, 4) had non-finite values (gradient norm)" in text
+    assert f"The last healthy checkpoint is {tmp_path / 'rl' / 'checkpoint-3'}" in text  # none saved at the stop
+    assert "--learning_rate 5.0e-04 (now 1.0e-03)" in text and "--max_grad_norm 0.5 (now 1)" in text
+    assert "--beta 0 (now 0.01)" in text
+    assert not (tmp_path / "rl" / "model.safetensors").exists()
+
+
+def test_the_guard_does_not_change_a_healthy_run(tmp_path, tiny_model_dir):
+    three = ["--max_steps", "3"]
+    on = train(recipe_file(tmp_path / "on", tiny_model_dir, "rl", "beta: 0.0\n"), "rl", three)
+    off = train(recipe_file(tmp_path / "off", tiny_model_dir, "rl", "beta: 0.0\nnonfinite_guard: false\n"), "rl", three)
+    assert losses_and_rewards(on) == losses_and_rewards(off)
+    assert len(losses_and_rewards(on)) == 3
+    assert json.loads((on / "train_summary.json").read_text())["skipped_steps"] == 0
+
+
+def test_non_finite_steps_in_a_row_stop_the_run_with_exit_2_and_a_resumable_checkpoint(tmp_path, tiny_model_dir):
+    """Rewards turn infinite from the third batch on: steps 3-5 are skipped, the run stops at step 5 with exit code
+    2 and one message; checkpoint-2 is intact, no final model is written, and a rerun resumes from it."""
+    path = flaky_recipe(tmp_path, tiny_model_dir, "use_peft: true\nlora_r: 4\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpo_cli", "rl", "-c", str(path), "--max_steps", "8", "--save_steps", "2"],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "INF_AFTER": "2"}, check=False,
+    )
+    text = proc.stderr
+    assert proc.returncode == 2, text
+    assert "Traceback" not in text
+    for step in (3, 4, 5):
+        assert f"step {step}: non-finite rewards - update skipped" in text
+    assert "training stopped at step 5: 3 steps in a row (3, 4, 5) had non-finite values (rewards)" in text
+    out = tmp_path / "rl"
+    assert f"The last healthy checkpoint is {out / 'checkpoint-4'}" in text  # saved on a skipped step: unchanged
+    assert "fixing flaky: it returned inf" in text
+    assert not (out / "adapter_model.safetensors").exists()  # no final model
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert [b["step"] for b in summary["non_finite_steps"]] == [3, 4, 5] and summary["stopped"]
+    resumed = train(path, "rl", ["--max_steps", "5", "--save_steps", "2"])
+    assert state(resumed / "checkpoint-5")["global_step"] == 5
+    assert (resumed / "adapter_model.safetensors").is_file()
+
+
+def test_sft_skips_a_nan_gradient(tmp_path, tiny_model_dir, monkeypatch):
+    poisoned_backward(monkeypatch, {1})
+    out = train(recipe_file(tmp_path, tiny_model_dir, "sft"), "sft")
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["non_finite_steps"] == [{"step": 1, "non_finite": ["gradient norm"]}]
+
+
+@pytest.fixture(scope="module")
+def nan_model_dir(tmp_path_factory, tiny_model_dir) -> Path:
+    """The tiny model with one NaN in one weight: what a diverged run leaves behind."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path_factory.mktemp("nan_model")
+    shutil.copytree(tiny_model_dir, out, dirs_exist_ok=True)
+    weights = load_file(str(out / "model.safetensors"))
+    name = sorted(weights)[3]  # a layer's weight, past the embeddings
+    weights[name][0, 0] = float("nan")
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "grpo_cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_rl_sft_and_eval_refuse_a_model_with_nan_weights(tmp_path, nan_model_dir):
+    for command in ("rl", "sft"):
+        path = recipe_file(tmp_path / command, nan_model_dir, command)
+        with pytest.raises(UserError, match=r"holds non-finite weights \(NaN or inf\), first in model\."):
+            train(path, command)
+    recipe = recipe_file(tmp_path / "eval", nan_model_dir, "rl", "dataset_test_size: 4\n")
+    proc = run_cli("eval", "-c", str(recipe), "--model", str(nan_model_dir), "--limit", "2", "-o", str(tmp_path / "e"))
+    assert proc.returncode == 2, proc.stderr
+    assert "non-finite weights" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_merge_refuses_an_adapter_with_nan_weights(tmp_path, tiny_model_dir, tiny_adapter_dir):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    adapter = tmp_path / "adapter"
+    shutil.copytree(tiny_adapter_dir, adapter)
+    weights = load_file(str(adapter / "adapter_model.safetensors"))
+    name = min(k for k in weights if "lora_B" in k)
+    weights[name].fill_(float("inf"))
+    save_file(weights, str(adapter / "adapter_model.safetensors"), metadata={"format": "pt"})
+    proc = run_cli("merge", "--adapter", str(adapter), "--base", str(tiny_model_dir), "--output", str(tmp_path / "m"))
+    assert proc.returncode == 2, proc.stderr
+    assert "non-finite weights" in proc.stderr and "lora_B" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "m").exists()
+
+
+def test_resuming_a_checkpoint_with_nan_weights_is_refused(tmp_path, tiny_model_dir):
+    from safetensors.torch import load_file, save_file
+
+    path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nlora_r: 4\n")
+    out = train(path, "rl")
+    weights_file = out / "checkpoint-2" / "adapter_model.safetensors"
+    weights = load_file(str(weights_file))
+    weights[min(weights)].fill_(float("nan"))
+    save_file(weights, str(weights_file), metadata={"format": "pt"})
+    with pytest.raises(UserError, match="checkpoint resumed at step 2 .* holds non-finite weights"):
+        train(path, "rl", ["--max_steps", "3"])
+
+
+def test_collapse_is_said_once_with_the_step_it_began():
+    watch = CollapseWatch(hold=3)
+    said = []
+    logs = [{"reward": 0.5, "reward_std": 0.2, "completions/clipped_ratio": 0.1, "entropy": 0.3}] * 2
+    logs += [{"reward": 0.0, "reward_std": 0.0, "completions/clipped_ratio": 1.0, "entropy": 0.3}] * 5
+    for step, entry in enumerate(logs, 1):
+        said += [(step, line) for line in watch.update(step, entry)]
+    assert len(said) == 1 and said[0][0] == 5
+    assert "collapse since step 3" in said[0][1] and "best 0.500 at step 1" in said[0][1]
+    # Entropy near zero for three logs in a row; a healthy log in between resets the count.
+    watch = CollapseWatch(hold=3)
+    entropies = [0.3, 0.01, 0.01, 0.2, 0.005, 0.004, 0.003, 0.002]
+    said = [line for step, e in enumerate(entropies, 1) for line in watch.update(step, {"entropy": e})]
+    assert len(said) == 1 and "since step 5" in said[0]
