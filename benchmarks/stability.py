@@ -1,0 +1,273 @@
+"""Where a GRPO run on a real model goes non-finite, and which lever makes it: several seeds of one recipe at once on
+one GPU, each step's numbers recorded, and at a run's first non-finite step the same micro-batch replayed on the
+same (still healthy) weights with the levers switched off one by one.
+
+    python3 benchmarks/stability.py --model /tmp/qwen2.5-coder-0.5b-instruct --seeds 1,2,3 --budget-s 540 \\
+      --out $OUT/stability.json [--set key=value ...]
+
+Each seed runs `grpo rl -c countdown` as issue-style users run it on a 0.5B model (`RECIPE_OVERRIDES`, then the
+`--set` keys), through `run_rl`, the command's own path, in a process of its own. Per optimizer step it records the
+loss, gradient norm, reward, and from the policy's forward the lowest token log-probability, the largest
+reference-minus-policy log-probability (the KL estimate's exponent), and whether either was non-finite. At the first
+step whose gradients are not finite it records which parameters' gradients are, then recomputes the micro-batch's
+loss and backward as it ran, without activation offloading, with TRL's own LM-head backward, and with both off.
+The guard (on by default) skips the step; the run goes on until its steps or the time budget end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RECIPE_OVERRIDES = {
+    "dataset_generate": "4000",
+    "dataset_test_size": "200",
+    "swanlab": "false",
+    "per_device_train_batch_size": "64",
+    "learning_rate": "1e-6",
+    "max_completion_length": "512",
+    "max_steps": "300",
+    "save_steps": "100000",
+    "sample_every": "0",
+}
+
+
+def overrides_of(pairs: list[str]) -> dict[str, str]:
+    """RECIPE_OVERRIDES with `key=value` pairs on top."""
+    return {**RECIPE_OVERRIDES, **dict(pair.split("=", 1) for pair in pairs)}
+
+
+def finite_or_none(value):
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def child(args) -> None:
+    import torch
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+    from trl.trainer import utils as trl_utils
+
+    from grpo_cli.recipe import load_recipe
+    from grpo_cli.train import offload, run
+    from grpo_cli.train.rl import run_rl
+
+    record = Path(args.record)
+    trl_head = trl_utils._ChunkedLogProbFunction
+    offloads: list = []
+    seen: dict = {}
+
+    class Offload(offload.LayerInputOffload):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            offloads.append(self)
+
+    import grpo_cli.train.rl as rl_module
+
+    rl_module.LayerInputOffload = Offload
+
+    logps_of = GRPOTrainer._get_per_token_logps_and_entropies
+    compute_loss = GRPOTrainer._compute_loss
+
+    def logps_and_entropies(self, model, *a, **k):
+        logps, entropies, aux = logps_of(self, model, *a, **k)
+        if torch.is_grad_enabled():
+            seen["logps"] = logps.detach()
+        return logps, entropies, aux
+
+    def loss_of(self, model, inputs):
+        seen["inputs"] = inputs
+        loss = compute_loss(self, model, inputs)
+        mask = inputs["completion_mask"].bool()
+        logps = seen["logps"]
+        stats = {"loss": float(loss.detach()), "logps_finite": bool(torch.isfinite(logps[mask]).all())}
+        stats["min_logp"] = float(logps[mask].min()) if mask.any() else None
+        if inputs.get("ref_per_token_logps") is not None:
+            gap = (inputs["ref_per_token_logps"] - logps)[mask]
+            stats["max_ref_minus_logp"] = float(gap.max()) if mask.any() else None
+        seen.setdefault("micro", []).append(stats)
+        return loss
+
+    GRPOTrainer._get_per_token_logps_and_entropies = logps_and_entropies
+    GRPOTrainer._compute_loss = loss_of
+
+    def replay(trainer, model, lean: bool, offloading: bool) -> dict:
+        """The last micro-batch's loss and gradients again on the current weights, with the levers as given."""
+        hooks = [h for o in offloads for h in o._handles]
+        if not offloading:
+            for o in offloads:
+                o.remove()
+        previous = trl_utils._ChunkedLogProbFunction
+        if not lean:
+            trl_utils._ChunkedLogProbFunction = trl_head
+        try:
+            model.zero_grad(set_to_none=True)
+            with trainer.compute_loss_context_manager():
+                loss = compute_loss(trainer, model, seen["inputs"])
+            trainer.accelerator.backward(loss)
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            norm = float(torch.nn.utils.get_total_norm(grads)) if grads else None
+            return {"loss": float(loss.detach()), "grad_norm": norm}
+        finally:
+            trl_utils._ChunkedLogProbFunction = previous
+            if not offloading:
+                for o in offloads:  # the hooks back on, as the run had them
+                    o.__init__(model, o.min_bytes)
+            del hooks
+            model.zero_grad(set_to_none=True)
+
+    class Diagnose(TrainerCallback):
+        trainer = None
+        diagnosed = None  # what the first micro-batch with non-finite gradients showed
+
+        def after_backward(self, trainer, model) -> None:
+            """Before clipping spreads a NaN norm to every gradient: which ones are not finite, and the replays."""
+            if self.diagnosed is not None:
+                return
+            grads = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
+            bad = [n for n, g in grads if not bool(torch.isfinite(g).all())]
+            if not bad:
+                return
+            found = {"bad_grads": {"count": len(bad), "of": len(grads), "first": bad[:8], "last": bad[-4:]}}
+            lean = trl_utils._ChunkedLogProbFunction is not trl_head
+            variants = [("as run", lean, bool(offloads)), ("no offloading", lean, False)]
+            if lean:
+                variants += [("TRL LM head", False, bool(offloads)), ("neither", False, False)]
+            found["replays"] = {}
+            for name, use_lean, use_offload in variants:
+                try:
+                    found["replays"][name] = replay(trainer, model, use_lean, use_offload)
+                except Exception as err:  # noqa: BLE001 - a failed replay is a finding too
+                    found["replays"][name] = {"error": f"{type(err).__name__}: {err}"}
+            trainer.step_guard.note("gradient norm")  # the replays left their own gradients: skip the step anyway
+            for p in model.parameters():
+                p.grad = None
+            self.diagnosed = found
+            seen["diagnosis"] = found
+
+        def on_pre_optimizer_step(self, args_, state, control, model=None, **kwargs):
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            norm = float(torch.nn.utils.get_total_norm(grads)) if grads else None
+            entry = {"step": state.global_step + 1, "grad_norm": norm, "micro": seen.pop("micro", [])}
+            entry.update(seen.pop("diagnosis", {}))
+            with open(record, "a") as out:
+                out.write(json.dumps(entry) + "\n")
+
+        def on_log(self, args_, state, control, logs=None, **kwargs):
+            keep = ("reward", "reward_std", "kl", "entropy", "completions/clipped_ratio", "completions/mean_length", "grad_norm", "loss",
+                    "frac_reward_zero_std", "step_time")
+            with open(record, "a") as out:
+                out.write(json.dumps({"log": state.global_step, **{k: logs.get(k) for k in keep}}) + "\n")
+
+    diagnose = Diagnose()
+    training_step = GRPOTrainer.training_step
+
+    def step_then_diagnose(self, model, *a, **k):
+        loss = training_step(self, model, *a, **k)
+        diagnose.after_backward(self, model)
+        return loss
+
+    GRPOTrainer.training_step = step_then_diagnose
+    callbacks = run.TrainingRun.callbacks
+    train = run.TrainingRun.train
+
+    def with_diagnosis(self):
+        found = callbacks(self)
+        return found[:-1] + [diagnose, found[-1]] if self.guard else found + [diagnose]
+
+    def train_with(self, trainer):
+        diagnose.trainer = trainer
+        return train(self, trainer)
+
+    run.TrainingRun.callbacks = with_diagnosis
+    run.TrainingRun.train = train_with
+    keys = {"model_name_or_path": args.model, "seed": str(args.seed), "output_dir": args.work}
+    overrides = [token for key, value in {**keys, **overrides_of(args.set)}.items() for token in (f"--{key}", value)]
+    started = time.time()
+    try:
+        run_rl(load_recipe("countdown", overrides, "rl"), resume=False, overwrite=True)
+        status = "finished"
+    except Exception as err:  # noqa: BLE001 - the guard's stop is a result
+        status = f"{type(err).__name__}: {err}"
+    with open(record, "a") as out:
+        out.write(json.dumps({"status": status, "seconds": round(time.time() - started, 1)}) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--budget-s", type=float, default=540)
+    parser.add_argument("--out", help="the JSON written (required unless --child)")
+    parser.add_argument("--work", default="/tmp/stability")
+    parser.add_argument("--set", nargs="*", default=[], help="recipe overrides on top of RECIPE_OVERRIDES: key=value")
+    parser.add_argument("--label", default="default")
+    parser.add_argument("--child", action="store_true")
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--record")
+    args = parser.parse_args()
+    if args.child:
+        return child(args)
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    procs = {}
+    for i, seed in enumerate(int(s) for s in args.seeds.split(",")):
+        run_dir = work / f"run-{i}"  # one folder, record and log per process, a seed repeated or not
+        record = run_dir.with_suffix(".jsonl")
+        record.unlink(missing_ok=True)
+        command = [sys.executable, __file__, "--child", "--model", args.model, "--seed", str(seed),
+                   "--record", str(record), "--work", str(run_dir), "--set", *args.set]
+        with open(run_dir.with_suffix(".log"), "w") as log:  # the child holds its own copy of the file
+            child_process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        procs[i] = (seed, child_process, record)
+    deadline = time.time() + args.budget_s
+    while time.time() < deadline and any(p.poll() is None for _, p, _ in procs.values()):
+        time.sleep(5)
+    for _, p, _ in procs.values():
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    runs = []
+    for seed, _, record in procs.values():
+        lines = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+        steps = [e for e in lines if "step" in e]
+        logs = [e for e in lines if "log" in e]
+        first_bad = next((e for e in steps if e.get("bad_grads")), None)
+        non_finite = [e["step"] for e in steps if finite_or_none(e["grad_norm"]) is None or e.get("bad_grads")]
+        runs.append({
+            "seed": seed,
+            "label": args.label,
+            "overrides": overrides_of(args.set),
+            "steps_done": len(steps),
+            "non_finite_steps": non_finite,
+            "first_non_finite": first_bad,
+            "status": next((e["status"] for e in lines if "status" in e), "killed at the time budget"),
+            "steps": steps,
+            "logs": logs,
+        })
+    Path(args.out).write_text(json.dumps(_strict({"label": args.label, "runs": runs}), indent=1, allow_nan=False))
+    for run_ in runs:
+        print(f"seed {run_['seed']}: {run_['steps_done']} steps, non-finite at {run_['non_finite_steps'][:10]}, "
+              f"{run_['status'][:300]}")
+        if run_["first_non_finite"]:
+            print(json.dumps({k: v for k, v in run_["first_non_finite"].items() if k != "micro"}, indent=1))
+
+
+def _strict(value):
+    if isinstance(value, float):
+        return finite_or_none(value)
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_strict(v) for v in value]
+    return value
+
+
+if __name__ == "__main__":
+    main()
