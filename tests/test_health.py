@@ -115,30 +115,46 @@ def test_the_guard_does_not_change_a_healthy_run(tmp_path, tiny_model_dir):
     assert json.loads((on / "train_summary.json").read_text())["skipped_steps"] == 0
 
 
-def test_non_finite_steps_in_a_row_stop_the_run_with_exit_2_and_a_resumable_checkpoint(tmp_path, tiny_model_dir):
-    """Rewards turn infinite from the third batch on: steps 3-5 are skipped, the run stops at step 5 with exit code
-    2 and one message; checkpoint-2 is intact, no final model is written, and a rerun resumes from it."""
-    path = flaky_recipe(tmp_path, tiny_model_dir, "use_peft: true\nlora_r: 4\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "grpo_cli", "rl", "-c", str(path), "--max_steps", "8", "--save_steps", "2"],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "INF_AFTER": "2"}, check=False,
-    )
-    text = proc.stderr
-    assert proc.returncode == 2, text
+def test_non_finite_steps_in_a_row_stop_the_run_with_exit_2_and_a_resumable_checkpoint(
+    tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    """NaN gradients from step 3 on: steps 3-5 are skipped, `grpo rl` stops at step 5 with exit code 2 and one
+    message; checkpoint-4 (saved on a skipped step, so step 2's weights) is intact, no final model is written, and
+    the same command resumes from it."""
+    from grpo_cli.cli import main
+
+    poisoned_backward(monkeypatch, {3, 4, 5, 6, 7, 8})
+    path = recipe_file(tmp_path, tiny_model_dir, "rl", "beta: 0.0\n")
+    command = ["grpo", "rl", "-c", str(path), "--max_steps", "8", "--save_steps", "2"]
+    monkeypatch.setattr(sys, "argv", command)
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    text = capsys.readouterr().err
+    assert exit_.value.code == 2, text
     assert "Traceback" not in text
     for step in (3, 4, 5):
-        assert f"step {step}: non-finite rewards - update skipped" in text
-    assert "training stopped at step 5: 3 steps in a row (3, 4, 5) had non-finite values (rewards)" in text
+        assert f"step {step}: non-finite gradient norm - update skipped" in text
+    assert "training stopped at step 5: 3 steps in a row (3, 4, 5) had non-finite values (gradient norm)" in text
     out = tmp_path / "rl"
-    assert f"The last healthy checkpoint is {out / 'checkpoint-4'}" in text  # saved on a skipped step: unchanged
-    assert "fixing flaky: it returned inf" in text
-    assert not (out / "adapter_model.safetensors").exists()  # no final model
+    assert f"The last healthy checkpoint is {out / 'checkpoint-4'}" in text
+    assert "--learning_rate" in text and "done:" not in text
+    assert not (out / "model.safetensors").exists()  # no final model
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
     summary = json.loads((out / "train_summary.json").read_text())
     assert [b["step"] for b in summary["non_finite_steps"]] == [3, 4, 5] and summary["stopped"]
+    monkeypatch.undo()  # healthy again: the same command resumes from checkpoint-4
     resumed = train(path, "rl", ["--max_steps", "5", "--save_steps", "2"])
     assert state(resumed / "checkpoint-5")["global_step"] == 5
-    assert (resumed / "adapter_model.safetensors").is_file()
+    assert (resumed / "model.safetensors").is_file()
+
+
+def test_a_reward_returning_inf_is_its_failure_not_a_skipped_step(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("INF_AFTER", "1")
+    out = train(flaky_recipe(tmp_path, tiny_model_dir, "use_peft: true\nlora_r: 4\n"), "rl", ["--max_steps", "3"])
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["skipped_steps"] == 0
+    failed = [e["rewards/flaky/failed_frac"] for e in summary["log_history"] if "rewards/flaky/failed_frac" in e]
+    assert failed == [0.0, 1.0, 1.0]
 
 
 def test_sft_skips_a_nan_gradient(tmp_path, tiny_model_dir, monkeypatch):

@@ -65,10 +65,11 @@ def test_wrong_length_and_bad_values_become_failures(caplog):
     assert sum("must return one value per completion" in r.getMessage() for r in caplog.records) == 1
 
     odd = RewardGuard(
-        spec(lambda prompts, completions, **kw: ["yes", None, float("nan"), True, 2]), timeout=5
+        spec(lambda prompts, completions, **kw: ["yes", None, float("nan"), True, 2, float("-inf")]), timeout=5
     )
-    assert odd(completions=list("abcde")) == [-1.0, None, None, 1.0, 2.0]
-    assert odd.failures == 1
+    # NaN and inf are failures (None is how a reward says it does not apply), never passed on to TRL
+    assert odd(completions=list("abcdef")) == [-1.0, None, -1.0, 1.0, 2.0, -1.0]
+    assert odd.failures == 3
 
 
 def test_the_guard_keeps_the_name_passes_columns_and_logs_the_failure_rate():

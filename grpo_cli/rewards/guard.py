@@ -11,9 +11,12 @@ import asyncio
 import inspect
 import logging
 import math
+import signal
+import time
 from collections.abc import Callable
 from typing import Any
 
+from grpo_cli.rewards.isolated import RewardLost, RewardProcess, RewardRaised
 from grpo_cli.rewards.registry import RewardSpec
 from grpo_cli.tasks.task import completion_text
 from grpo_cli.tasks.time_limit import TimeLimitExpired, time_limit
@@ -35,7 +38,7 @@ def _preview(prompt: Any, completion: Any) -> str:
     return repr(text)
 
 
-def _settle(result: Any) -> Any:
+def settle(result: Any) -> Any:
     """The value of an async reward's result (TRL sees the guard as a plain function)."""
     if inspect.isawaitable(result):
 
@@ -52,14 +55,25 @@ def _slice(value: Any, index: int, n: int) -> Any:
     return value
 
 
+def _raised_by_user(err: BaseException) -> bool:
+    """A KeyboardInterrupt that is a person's Ctrl-C (SIGINT still raises it here), not the reward's own doing."""
+    return isinstance(err, KeyboardInterrupt) and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 class RewardGuard:
     """A TRL reward callable wrapping one reward: same `__name__`, never raises, bounded by `timeout` seconds per
-    completion (a batch of n completions gets n times that, and at least MIN_BATCH_SECONDS)."""
+    completion (a batch of n completions gets n times that, and at least MIN_BATCH_SECONDS).
 
-    def __init__(self, spec: RewardSpec, timeout: float | None):
+    Built-in rewards run in this process under a SIGALRM limit (they are bounded by construction); a reward of the
+    user's own runs in a process of its own (`isolated.RewardProcess`), which is stopped when it overruns.
+    """
+
+    def __init__(self, spec: RewardSpec, timeout: float | None, reference: str | None = None):
         self.spec = spec
         self.timeout = timeout
         self.__name__ = spec.name
+        # `reference`: how a process of its own finds the reward (None: it runs here)
+        self.process = RewardProcess(reference, spec.name) if reference else None
         self.failures = 0  # completions that got the failure value
         self.exceptions = 0
         self.timeouts = 0  # batches cut short
@@ -108,28 +122,60 @@ class RewardGuard:
                 self.failures += 1
                 checked.append(failure)
                 continue
-            checked.append(None if math.isnan(number) else number)
+            if not math.isfinite(number):
+                self._show_once(
+                    "non-finite",
+                    f"reward {self.spec.name} returned {number} (return None where it does not apply); it scores "
+                    f"{failure:g} there. Completion: "
+                    f"{_preview(prompts[i] if i < len(prompts) else None, completions[i])}",
+                )
+                self.bad_values += 1
+                self.failures += 1
+                checked.append(failure)
+                continue
+            checked.append(number)
         return checked
 
-    def _one_by_one(self, prompts: list, completions: list, kwargs: dict) -> list[float | None]:
-        """Score each completion alone, so only those that raise get the failure value."""
+    def _run(self, prompts: list, completions: list, kwargs: dict, deadline: float | None) -> Any:
+        """The reward's result for these completions, here or in its process."""
+        if self.process is None:
+            return settle(self.spec.func(prompts=prompts, completions=completions, **kwargs))
+        return self.process.call(prompts, completions, kwargs, deadline)
+
+    def _raised(self, err: BaseException, prompt: Any, completion: Any) -> None:
+        self.exceptions += 1
+        self.failures += 1
+        what = str(err) if isinstance(err, RewardRaised) else f"{type(err).__name__}: {err}"
+        self._show_once(
+            "exception",
+            f"reward {self.spec.name} raised {what[:200]}; that completion scores {self.spec.failure:g} and the run "
+            f"goes on. Completion: {_preview(prompt, completion)}",
+        )
+
+    def _score(self, prompts: list, completions: list, kwargs: dict, deadline: float | None) -> list[float | None]:
+        """The batch's checked values; when the reward raises on it, each completion alone, so only those that
+        raise get the failure value. RewardLost (its process ended or overran) is left to the caller."""
         n = len(completions)
+        try:
+            result = self._run(prompts, completions, kwargs, deadline)
+        except (TimeLimitExpired, RewardLost):
+            raise
+        except BaseException as err:  # noqa: BLE001 - SystemExit and the like are the reward's failure too
+            if _raised_by_user(err):
+                raise
+        else:
+            return self._check_values(result, n, prompts, completions)
         values: list[float | None] = []
         for i in range(n):
             one = {key: _slice(value, i, n) for key, value in kwargs.items()}
             try:
-                result = _settle(
-                    self.spec.func(prompts=_slice(prompts, i, n), completions=completions[i : i + 1], **one)
-                )
-            except Exception as err:  # noqa: BLE001 - any error in a reward scores the failure value
-                self.exceptions += 1
-                self.failures += 1
-                self._show_once(
-                    "exception",
-                    f"reward {self.spec.name} raised {type(err).__name__}: {str(err)[:200]}; that completion "
-                    f"scores {self.spec.failure:g} and the run goes on. Completion: "
-                    f"{_preview(prompts[i] if i < len(prompts) else None, completions[i])}",
-                )
+                result = self._run(_slice(prompts, i, n), completions[i : i + 1], one, deadline)
+            except (TimeLimitExpired, RewardLost):
+                raise
+            except BaseException as err:  # noqa: BLE001 - any error in a reward scores the failure value
+                if _raised_by_user(err):
+                    raise
+                self._raised(err, prompts[i] if i < len(prompts) else None, completions[i])
                 values.append(self.spec.failure)
                 continue
             values.extend(self._check_values(result, 1, prompts[i : i + 1], completions[i : i + 1]))
@@ -142,18 +188,23 @@ class RewardGuard:
         failures_before = self.failures
         self.calls += 1
         self.scored += n
+        seconds = max(MIN_BATCH_SECONDS, self.timeout * n) if self.timeout else None
         values: list[float | None] | None = None
-        try:
-            with time_limit(max(MIN_BATCH_SECONDS, self.timeout * n) if self.timeout else None) as limit:
-                try:
-                    result = _settle(self.spec.func(prompts=prompts, completions=completions, **kwargs))
-                except Exception:  # noqa: BLE001 - find which completions raise, one by one
-                    values = self._one_by_one(prompts, completions, kwargs)
-                else:
-                    values = self._check_values(result, n, prompts, completions)
-        except TimeLimitExpired:  # expired just as the block ended
-            limit.expired = True
-        if limit.expired or values is None:
+        lost = None
+        if self.process is not None:
+            try:
+                values = self._score(prompts, completions, kwargs, time.monotonic() + seconds if seconds else None)
+            except RewardLost as err:
+                lost = err
+        else:
+            try:
+                with time_limit(seconds) as limit:
+                    values = self._score(prompts, completions, kwargs, None)
+            except TimeLimitExpired:  # expired just as the block ended
+                limit.expired = True
+            if limit.expired:
+                values = None
+        if values is None and (lost is None or lost.timed_out):
             self.timeouts += 1
             self.failures = failures_before + n
             longest = max(range(n), key=lambda i: len(str(completions[i])), default=None)
@@ -164,6 +215,15 @@ class RewardGuard:
                 + (_preview(prompts[longest], completions[longest]) if longest is not None else "none"),
             )
             values = [self.spec.failure] * n
+        elif values is None:
+            self.exceptions += 1
+            self.failures = failures_before + n
+            self._show_once(
+                "lost",
+                f"reward {self.spec.name} failed on a batch of {n}: {lost}; they all score {self.spec.failure:g}, "
+                "the next batch starts it again, and the run goes on",
+            )
+            values = [self.spec.failure] * n
         log_metric = kwargs.get("log_metric")
         if callable(log_metric) and n:
             try:
@@ -172,6 +232,11 @@ class RewardGuard:
                 self._show_once("metric", f"could not log the failure rate of {self.spec.name}: {err}")
         return values
 
+    def close(self) -> None:
+        """Stop the reward's process, if it has one."""
+        if self.process is not None:
+            self.process.close()
+
 
 def build_reward_funcs(
     names: list[str], timeout: float | None, base_dir: str | None = None
@@ -179,7 +244,8 @@ def build_reward_funcs(
     """TRL-ready reward callables for the names (registered or user functions), each behind a RewardGuard."""
     from grpo_cli.rewards.registry import resolve_reward
 
-    return [RewardGuard(resolve_reward(name, base_dir), timeout) for name in names]
+    specs = [resolve_reward(name, base_dir) for name in names]
+    return [RewardGuard(spec, timeout, spec.reference) for spec in specs]
 
 
 def failure_counts(funcs: list[Callable]) -> dict[str, int]:

@@ -28,6 +28,8 @@ class RewardSpec:
     doc: str = ""
     columns: tuple[str, ...] = ()  # dataset columns the reward reads
     source: str = "built-in"
+    # how a process of its own imports a user's reward: an absolute file path or a module, then `:function`
+    reference: str | None = None
 
     @property
     def range_text(self) -> str:
@@ -230,11 +232,12 @@ def resolve_reward(name: str, base_dir: str | Path | None = None) -> RewardSpec:
     problem = _signature_problem(func)
     if problem:
         raise UserError(f"reward '{name}': {problem}")
+    reference = f"{_file_path(target, base_dir).resolve()}:{function}" if _is_file_reference(target) else name
     own = getattr(func, "reward_spec", None)
     if isinstance(own, RewardSpec):
-        return RewardSpec(**{**own.__dict__, "name": function, "source": name})
+        return RewardSpec(**{**own.__dict__, "name": function, "source": name, "reference": reference})
     doc = (inspect.getdoc(func) or "").split("\n")[0]
-    return RewardSpec(name=function, func=func, doc=doc, source=name)
+    return RewardSpec(name=function, func=func, doc=doc, source=name, reference=reference)
 
 
 def reward_table(task: str | None = None):
