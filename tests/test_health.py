@@ -4,7 +4,6 @@ run of them stops with exit code 2 and leaves its last checkpoint resumable, and
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

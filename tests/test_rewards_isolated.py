@@ -78,7 +78,9 @@ def test_a_reward_that_swallows_its_time_limit_is_stopped_in_time(tmp_path):
 def test_columns_state_and_logged_metrics_cross_to_the_process_and_back(tmp_path):
     (counts,) = build_reward_funcs([f"{rewards_file(tmp_path)}:counts"], 1.0)
     metrics = []
-    log = lambda name, value: metrics.append((name, value))  # noqa: E731
+    def log(name, value):
+        metrics.append((name, value))
+
     from transformers import TrainerState
 
     state = TrainerState(global_step=7)

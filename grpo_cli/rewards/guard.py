@@ -160,7 +160,7 @@ class RewardGuard:
             result = self._run(prompts, completions, kwargs, deadline)
         except (TimeLimitExpired, RewardLost):
             raise
-        except BaseException as err:  # noqa: BLE001 - SystemExit and the like are the reward's failure too
+        except BaseException as err:  # SystemExit and the like are the reward's failure too
             if _raised_by_user(err):
                 raise
         else:
@@ -172,7 +172,7 @@ class RewardGuard:
                 result = self._run(_slice(prompts, i, n), completions[i : i + 1], one, deadline)
             except (TimeLimitExpired, RewardLost):
                 raise
-            except BaseException as err:  # noqa: BLE001 - any error in a reward scores the failure value
+            except BaseException as err:  # any error in a reward scores the failure value
                 if _raised_by_user(err):
                     raise
                 self._raised(err, prompts[i] if i < len(prompts) else None, completions[i])

@@ -203,7 +203,7 @@ def serve(reference: str) -> None:
             return
         recorded: list = []
         for name in RECORDED:
-            kwargs[name] = lambda *args, _name=name: recorded.append((_name, args))
+            kwargs[name] = lambda *args, _name=name, _calls=recorded: _calls.append((_name, args))
         try:
             result = settle(func(prompts=prompts, completions=completions, **kwargs))
             reply = ("ok", list(result) if isinstance(result, tuple) else result, recorded)
