@@ -413,8 +413,7 @@ def rewards_score(
 
     Keys after the recipe override it: `grpo rewards score -c gsm8k -i completions.jsonl --reward_weights 1 1 1 1 2`.
     """
-    import json
-
+    from grpo_cli.atomic import json_text
     from grpo_cli.console import console
     from grpo_cli.rewards.scoring import score_file, score_table
 
@@ -422,7 +421,7 @@ def rewards_score(
     console.print(score_table(summary))
     if output is None:
         for line in summary["lines"]:
-            sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")
+            sys.stdout.write(json_text(line) + "\n")
     else:
         console.print(f"[bold green]wrote[/] {len(summary['lines'])} scored lines to {output}")
 

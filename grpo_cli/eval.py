@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_cli.atomic import write_jsonl, write_text
+from grpo_cli.atomic import json_text, write_jsonl, write_text
 from grpo_cli.errors import UserError
 
 _TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model")
@@ -589,7 +589,7 @@ def run_eval(
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     write_jsonl(out_dir / "samples.jsonl", all_samples)
-    write_text(out_dir / "summary.json", json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    write_text(out_dir / "summary.json", json_text(result, indent=1) + "\n")
     print_summary(result)
     console.print(f"wrote {out_dir / 'summary.json'} and {out_dir / 'samples.jsonl'}")
     return result

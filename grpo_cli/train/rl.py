@@ -5,13 +5,13 @@ Read top to bottom: check, load tokenizer, data and model, build the trainer, tr
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from pathlib import Path
 
 from trl import GRPOTrainer
 
+from grpo_cli.atomic import json_text
 from grpo_cli.recipe import Recipe, reward_names
 from grpo_cli.train.health import GuardedSteps, NonFiniteStop
 from grpo_cli.train.lm_head import use_lean_lm_head
@@ -74,7 +74,7 @@ class RLTrainer(GuardedSteps, GRPOTrainer):
                     "rewards": {name: _finite(values[i]) for name, values in rewards.items()},
                     "advantage": _finite(advantage),
                 }
-                out.write(json.dumps(row, ensure_ascii=False) + "\n")
+                out.write(json_text(row) + "\n")
 
 
 def _finite(value):

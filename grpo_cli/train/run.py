@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
-import math
 import os
 import shutil
 from pathlib import Path
 
-from grpo_cli.atomic import write_text
+from grpo_cli.atomic import json_text, write_text
 from grpo_cli.console import console
 from grpo_cli.errors import UserError
 from grpo_cli.launch import accelerate_config_from_env, is_main_process, world_size
@@ -32,17 +30,6 @@ def _peak_gpu_memory(trainer) -> list[float] | None:
         return None
     peak = torch.tensor([torch.cuda.max_memory_allocated() / 2**30], device=trainer.accelerator.device)
     return [round(x, 2) for x in trainer.accelerator.gather(peak).tolist()]
-
-
-def _finite(value):
-    """`value` with every NaN and inf float as None: strict JSON, where a diverged step logged NaN."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _default(recipe: Recipe, key: str, value, why: str) -> None:
@@ -249,7 +236,7 @@ class TrainingRun:
             "metrics": metrics,
             "log_history": trainer.state.log_history,
         }
-        write_text(self.output_dir / "train_summary.json", json.dumps(_finite(summary), indent=1, allow_nan=False))
+        write_text(self.output_dir / "train_summary.json", json_text(summary, indent=1))
 
     def _resume_lines(self) -> list[str]:
         checkpoint = latest_checkpoint(self.output_dir)
