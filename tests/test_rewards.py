@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import json
+from fractions import Fraction
+from pathlib import Path
+
 import pytest
 
 from grpo_cli.rewards import REWARDS
 from grpo_cli.rewards.countdown import countdown_equation, countdown_format
-from grpo_cli.rewards.dapo_math import dapo_answer, dapo_format_approx, dapo_format_exact, dapo_numbers
+from grpo_cli.rewards.dapo_math import (
+    UNDECIDED_METRIC,
+    dapo_answer,
+    dapo_format_approx,
+    dapo_format_exact,
+    dapo_numbers,
+)
 from grpo_cli.rewards.gsm8k import (
     gsm8k_correctness,
     gsm8k_int,
@@ -18,6 +28,7 @@ from grpo_cli.tasks import answers, equation
 from grpo_cli.tasks.countdown import PREFILL
 from grpo_cli.tasks.task import MAX_TEXT_CHARS
 
+DATA = Path(__file__).parent / "data"
 COUNTDOWN_PROMPT = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "Using the numbers [44, 19, 35], create an equation that equals 98."},
@@ -229,6 +240,7 @@ def test_gsm8k_xml_count():
 # --- dapo_math ---------------------------------------------------------------------------------------------------
 
 GOOD_DAPO = "3/4 - 1/4 = 2/4<end_working_out><SOLUTION>{}</SOLUTION>"
+IDENTITY = "\\begin{pmatrix}1&0\\\\0&1\\end{pmatrix}"
 
 
 def test_dapo_format_exact_counts_the_prefill():
@@ -280,10 +292,30 @@ def test_dapo_format_approx_counts_each_tag():
         ("5", "0", -2.5),  # no ratio to a zero gold
         ("\\pi", "56", -4.5),  # not a number, not equivalent
         ("9^{9^{9}}", "3", -4.5),  # would never finish in SymPy: not compared symbolically
+        (IDENTITY + IDENTITY, IDENTITY, 5.0),  # a matrix product is no number to evaluate
+        (IDENTITY + "+" + IDENTITY, "\\begin{pmatrix}2&0\\\\0&2\\end{pmatrix}", 5.0),
+        ("11,\\! 111,\\! 111,\\! 100", "11111111100", 5.0),  # `\\!` is a thin space, not a factorial
+        ("1 000", "1000", 5.0),  # thousands split by a space
+        ("1\\,000\\,000", "10^6", 5.0),  # or by a thin space
+        ("111", "0,111", -4.5),  # "0,111" is no thousands number (math-verify reads 0.111)
+        ("2^{n+1}", "2 \\cdot 2^n", 5.0),  # a power of a variable computes nothing: it is compared
     ],
 )
 def test_dapo_answer(guess, gold, score):
     assert one(dapo_answer, GOOD_DAPO.format(guess), DAPO_PROMPT, solution=gold) == score
+
+
+def test_text_or_code_before_the_answer_earns_what_the_answer_alone_earns_and_never_runs(tmp_path):
+    """A solution is read as math-verify reads it, by its last expression; nothing in it is executed."""
+    marker = tmp_path / "ran"
+    code = f"__import__('pathlib').Path('{marker}').touch() or 42"
+    for solution in (code, "The answer is 42", "x = 42"):
+        assert one(dapo_answer, GOOD_DAPO.format(solution), DAPO_PROMPT, solution="42") == 5.0, solution
+        assert _math_verify_directly(solution, "42") is True
+    assert not marker.exists()
+    # Hedging gains nothing: two candidates are a set, equal to neither.
+    for gold in ("41", "42"):
+        assert one(dapo_answer, GOOD_DAPO.format("41 or 42"), DAPO_PROMPT, solution=gold) == -4.5
 
 
 def test_dapo_answer_needs_the_solution_format():
@@ -338,10 +370,45 @@ def test_math_answers_that_could_explode_are_never_handed_to_sympy():
     ):
         assert answers._costly(text), text
     assert not answers._costly("\\frac{1}{2}") and not answers._costly("2^{10}") and not answers._costly("5!")
+    assert not answers._costly("11,\\! 111,\\! 111,\\! 100^2")  # LaTeX thin spaces, no factorials
+    assert answers._costly("100000\\!!") and answers._parse("100\\,000!") == []
     # Parsed powers whose value could exceed MAX_VALUE_BITS are dropped before SymPy evaluates them.
     assert answers._parse("9^{9^{9}}") == []
     assert answers._parse("2^{2^{2^{2^{2^{2}}}}}") == []
     assert answers._parse("2^{10}") != []
+    # A sum or product is bounded by its limits: a variable's power computes nothing until a limit gives it a value.
+    for text in ("\\sum_{i=0}^{10^9} 2^i", "\\prod_{k=1}^{1000} k^{1000}"):
+        assert answers._parse(text) == [], text
+    for text in ("\\sum_{i=0}^{4} 2^i", "\\sum_{n=1}^{\\infty} 2^{-n}", "2^{n+1}"):
+        assert answers._parse(text) != [], text
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("1,234", 1234),
+        ("1 234", 1234),
+        ("1\\,234", 1234),
+        ("1{,}234", 1234),
+        ("11,\\! 111,\\! 111,\\! 100", 11111111100),
+        ("-1 234 567.5", -1234567.5),
+        ("$1,000", 1000),
+        ("0,111", None),  # a first group of 0 is no thousands group
+        ("1,000 000", None),  # one separator throughout
+        ("1,23", None),
+        ("1 23", None),
+        ("12 3456", None),
+    ],
+)
+def test_parse_number_reads_thousands_separators(text, value):
+    assert answers.parse_number(text) == (None if value is None else Fraction(str(value)))
+
+
+def test_first_number_reads_thousands_separators_as_one_number():
+    assert answers.first_number("x = 11,\\! 111 units") == 11111
+    assert answers.first_number("about 1 000 000 people") == 1000000
+    assert answers.first_number("0,111") == 0
+    assert answers.first_number("1,2,3") == 1
 
 
 def test_every_builtin_reward_has_a_range_a_doc_and_a_task():
@@ -443,7 +510,7 @@ def symbolic_keys(pairs) -> list[tuple[str, str]]:
 
 def test_the_fast_paths_agree_with_plain_math_verify():
     answers.forget_outcomes()
-    plain = [answers._verify(guess.strip(), gold.strip()) for guess, gold in VARIED_PAIRS]
+    plain = [answers._verify(guess.strip(), gold.strip(), None) for guess, gold in VARIED_PAIRS]
     assert [answers.answers_match(guess, gold) for guess, gold in VARIED_PAIRS] == plain
     # Equal text and plain numbers were settled without math-verify, the same way.
     settled = [answers._settled(guess.strip(), gold.strip()) for guess, gold in VARIED_PAIRS]
@@ -506,7 +573,7 @@ def _math_verify_alone(guess: str, gold: str) -> bool:
 
 def test_values_far_apart_get_math_verifys_verdict_without_it():
     pairs = [(guess.strip(), gold.strip()) for guess, gold in VARIED_PAIRS + NUMERIC_PAIRS]
-    assert [answers._verify(guess, gold) for guess, gold in pairs] == [
+    assert [answers._verify(guess, gold, None) for guess, gold in pairs] == [
         _math_verify_alone(guess, gold) for guess, gold in pairs
     ]
     apart = [
@@ -521,7 +588,7 @@ def test_values_far_apart_get_math_verifys_verdict_without_it():
 
 def test_plain_numbers_compare_exactly_where_math_verify_rounds():
     """math-verify rounds decimals to 6 places; two plain numbers are compared exactly instead."""
-    assert answers._verify("0.1000001", "0.1") is True
+    assert answers._verify("0.1000001", "0.1", None) is True
     assert answers.answers_match("0.1000001", "0.1") is False
 
 
@@ -572,7 +639,7 @@ def test_the_pool_returns_what_math_verify_says_in_process():
         again = pool.compare(keys)  # every pair through the ready workers this time
     finally:
         pool.close()
-    plain = {key: answers._verify(*key) for key in keys}
+    plain = {key: answers._verify(*key, None) for key in keys}
     assert outcomes == plain and again == plain
 
 
@@ -589,7 +656,7 @@ def halves(start: int, n: int) -> list[tuple[str, str]]:
     return [(f"\\frac{{{2 * k}}}{{2}}", str(k)) for k in range(start, start + n)]
 
 
-def test_a_hung_worker_is_stopped_its_pair_counts_as_no_match_and_the_pool_goes_on():
+def test_a_hung_worker_is_stopped_its_pair_is_undecided_and_the_pool_goes_on():
     import os
     import signal
 
@@ -598,7 +665,7 @@ def test_a_hung_worker_is_stopped_its_pair_counts_as_no_match_and_the_pool_goes_
         hung = pool.workers[0].proc
         os.kill(hung.pid, signal.SIGSTOP)
         outcomes = pool.compare(halves(1, 10))
-        assert list(outcomes.values()) == [False] + [True] * 9  # the first pair went to the stopped worker
+        assert list(outcomes.values()) == [None] + [True] * 9  # the first pair went to the stopped worker
         assert pool.hangs == 1 and hung.poll() is not None
         assert pool.compare(halves(100, 10)) == dict.fromkeys(halves(100, 10), True)
     finally:
@@ -659,7 +726,7 @@ def test_the_guard_time_limit_holds_while_waiting_on_workers(math_workers, monke
     monkeypatch.setattr("grpo_cli.rewards.guard.MIN_BATCH_SECONDS", 1.0)
     monkeypatch.setattr(math_workers, "HANG_SECONDS", 120.0)
     pool = math_workers.shared_pool()
-    assert pool is not None and pool.wait_ready(60) and pool.hang_seconds == 120.0
+    assert pool is not None and pool.wait_ready(60) and pool.hang_seconds >= 120.0
     pairs = halves(1, math_workers.MIN_POOL_PAIRS + 4)
     batch = {
         "prompts": [DAPO_PROMPT] * len(pairs),
@@ -708,3 +775,107 @@ def test_a_child_process_started_by_fork_or_spawn_runs_its_own_pool(math_workers
     assert own_pool
     assert scores == [5.0] * n + [-4.5, -4.5]
     assert pool.compare(halves(200, 10)) == dict.fromkeys(halves(200, 10), True)
+
+
+# --- hard equivalences: grpo's verdict is math-verify's --------------------------------------------------------
+
+# (kind, guess, gold, equal): equations, intervals, sets, tuples, matrices, units, separators, percentages, sums,
+# powers, text; `equal` is math-verify's verdict, except where a line's `math_verify` says what math-verify alone
+# gives (digit groups split by spaces: grpo reads one number where math-verify reads a product).
+EQUIVALENCES = [
+    json.loads(line) for line in (DATA / "math_equivalences.jsonl").read_text(encoding="utf-8").splitlines()
+]
+
+
+def _math_verify_directly(guess: str, gold: str) -> bool:
+    """math-verify alone with grpo's settings: each answer between $...$ unless it has delimiters, math-verify's
+    default extraction and comparison, no time limit."""
+    from math_verify import parse, verify
+
+    def delimited(text: str) -> str:
+        return text if any(mark in text for mark in ("$", "\\(", "\\[", "\\boxed")) else f"${text}$"
+
+    gold_parsed = parse(delimited(gold), parsing_timeout=None)
+    return bool(verify(gold_parsed, parse(delimited(guess), parsing_timeout=None), timeout_seconds=None))
+
+
+def test_the_equivalence_set_covers_each_hard_form():
+    kinds = {case["kind"] for case in EQUIVALENCES}
+    assert kinds >= {"equation", "interval", "set", "tuple", "matrix", "unit", "separator", "percent", "sum"}
+    pairs = {(c["guess"], c["gold"]) for c in EQUIVALENCES}
+    assert len(EQUIVALENCES) >= 150 and len(pairs) == len(EQUIVALENCES)
+    assert {c["kind"] for c in EQUIVALENCES if "math_verify" in c} == {"separator"}
+
+
+def test_grpo_gives_math_verifys_verdict_on_every_hard_equivalence(monkeypatch):
+    monkeypatch.setenv(answers.SECONDS_ENV, "20")  # verdicts, not timings: nothing may run out here
+    answers.forget_outcomes()
+    grpo = {(c["guess"], c["gold"]): answers.answer_verdict(c["guess"], c["gold"]) for c in EQUIVALENCES}
+    direct = {(c["guess"], c["gold"]): _math_verify_directly(c["guess"], c["gold"]) for c in EQUIVALENCES}
+    assert [c for c in EQUIVALENCES if grpo[c["guess"], c["gold"]] != c["equal"]] == []
+    expected = {(c["guess"], c["gold"]): c.get("math_verify", c["equal"]) for c in EQUIVALENCES}
+    assert {pair: verdict for pair, verdict in direct.items() if verdict != expected[pair]} == {}
+
+
+def test_hard_equivalences_score_the_same_through_the_workers(math_workers):
+    pool = math_workers.shared_pool()
+    assert pool is not None and pool.wait_ready(60)
+    scores = dapo_answer(
+        prompts=[DAPO_PROMPT] * len(EQUIVALENCES),
+        completions=[chat(GOOD_DAPO.format(c["guess"])) for c in EQUIVALENCES],
+        solution=[c["gold"] for c in EQUIVALENCES],
+    )
+    assert pool.workers and pool.workers[0].gold is not None, "the workers compared the batch"
+    assert [c for c, score in zip(EQUIVALENCES, scores) if (score == 5.0) != c["equal"]] == []
+
+
+# --- running out of time: a longer second try, then undecided (None), never "wrong" -----------------------------
+
+SLOW_PAIR = ("(x+y+1)^{120}", "(x+y-1)^{120}")  # SymPy expands both: far longer than the limits set below
+
+
+def test_a_comparison_that_runs_out_once_is_decided_by_its_longer_second_try(monkeypatch):
+    monkeypatch.setenv(answers.SECONDS_ENV, "0.01")
+    monkeypatch.setattr(answers, "RETRY_FACTOR", 10_000)
+    answers.warm_up()
+    answers.forget_outcomes()
+    expands = ("(x+1)^{300}-(x-1)^{300}", "0")  # SymPy expands both powers: far longer than 0.01 s
+    assert answers._verify(*expands, answers.math_verify_seconds()) is None
+    assert answers.symbolic_outcome(*expands) is False
+    assert answers.symbolic_outcome("x^2/4+y^2/3=1", "x^2/16+y^2/12=1/4") is True
+
+
+def test_a_comparison_that_runs_out_twice_is_undecided_neither_wrong_nor_a_failure(monkeypatch):
+    from grpo_cli.rewards import RewardGuard
+
+    monkeypatch.setenv(answers.SECONDS_ENV, "0.05")
+    answers.forget_outcomes()
+    metrics = {}
+    guard = RewardGuard(dapo_answer.reward_spec, timeout=5)
+    scores = guard(
+        prompts=[DAPO_PROMPT] * 2,
+        completions=[chat(GOOD_DAPO.format(SLOW_PAIR[0])), chat(GOOD_DAPO.format("\\frac{1}{2}"))],
+        solution=[SLOW_PAIR[1], "0.5"],
+        log_metric=metrics.__setitem__,
+    )
+    assert scores == [None, 5.0]  # TRL leaves the first completion out of this reward
+    assert guard.failures == 0 and metrics[UNDECIDED_METRIC] == 0.5
+    # Remembered: the same pair is undecided again at once; as a yes/no it is no match.
+    assert answers.answer_verdict(*SLOW_PAIR) is None and answers.answers_match(*SLOW_PAIR) is False
+    answers.forget_outcomes()
+
+
+def test_a_worker_says_when_a_comparison_is_undecided(monkeypatch):
+    from grpo_cli.rewards.math_pool import MathPool
+
+    monkeypatch.setenv(answers.SECONDS_ENV, "0.05")  # the workers take their limits from the environment
+    pool = MathPool(2)
+    try:
+        assert pool.wait_ready(60)
+        answers.forget_outcomes()
+        outcomes = pool.compare([SLOW_PAIR, *halves(1, 5)])
+    finally:
+        pool.close()
+        answers.forget_outcomes()
+    assert outcomes == {SLOW_PAIR: None, **dict.fromkeys(halves(1, 5), True)}
+    assert pool.hangs == 0 and pool.crashes == 0

@@ -1,19 +1,28 @@
 """DAPO-Math rewards from Unsloth's Qwen3 GRPO recipe: exact and approximate format, answer, numbers.
 
 Answers compare through math-verify (`\\frac{1}{2}`, `0.5` and `\\boxed{1/2}` agree), not as strings; a batch's
-distinct pairs are compared once, in worker processes when there are many (grpo_cli.rewards.math_pool).
+distinct pairs are compared once, in worker processes when there are many (grpo_cli.rewards.math_pool). A solution
+is read as math-verify reads it: its last math expression, so text or code before the answer (`print(1) or 42`)
+earns what the answer alone earns; nothing in it is ever executed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+
 from grpo_cli.rewards.math_pool import match_many
 from grpo_cli.rewards.registry import reward
 from grpo_cli.rewards.texts import texts
-from grpo_cli.tasks.answers import answers_match, first_number, parse_number
+from grpo_cli.tasks.answers import answer_verdict, first_number, longest_comparison_seconds, parse_number
 from grpo_cli.tasks.dapo_math import SOLUTION_START, is_exact, solution_of, tag_score
 from grpo_cli.tasks.task import MAX_TEXT_CHARS
 
 SCORE_CHUNK = 1024  # completions whose answers are compared together (well under answers_match's memory)
+UNDECIDED_METRIC = "rewards/dapo_answer/undecided_frac"
+
+logger = logging.getLogger("grpo_cli.rewards")
+_told_undecided = False
 
 
 def _golds(solution, kwargs: dict) -> list:
@@ -48,16 +57,20 @@ def dapo_format_approx(prompts=None, completions=None, **kwargs) -> list[float]:
     return [tag_score(text) for text in texts(prompts, completions)]
 
 
-def answer_score(text: str, gold) -> float:
-    """5 for an equivalent answer, 2 / 1.5 within 10% / 20%, -2.5 wrong, -4.5 not a number, -2 no solution."""
+def answer_score(text: str, gold) -> float | None:
+    """5 for an equivalent answer, 2 / 1.5 within 10% / 20%, -2.5 wrong, -4.5 not a number, -2 no solution; None
+    when math-verify ran out of time on the answer twice (undecided: neither right nor wrong)."""
     return _guess_score(solution_of(text), gold)
 
 
-def _guess_score(guess: str | None, gold) -> float:
+def _guess_score(guess: str | None, gold) -> float | None:
     """answer_score of the answer found in a completion (None: no solution)."""
     if guess is None:
         return -2.0
-    if answers_match(guess, str(gold)):
+    verdict = answer_verdict(guess, str(gold))
+    if verdict is None:
+        return None
+    if verdict:
         return 5.0
     guess_number, gold_number = parse_number(guess), parse_number(gold)
     if guess_number is None or gold_number is None:
@@ -77,19 +90,40 @@ def _guess_score(guess: str | None, gold) -> float:
     task="dapo_math",
     low=-4.5,
     high=5.0,
-    doc="5 if the <SOLUTION> equals the gold answer (math-verify), partial credit within 10%/20%",
+    doc="5 if the <SOLUTION> equals the gold answer (math-verify), partial credit within 10%/20%, None if undecided",
     columns=("solution",),
 )
-def dapo_answer(prompts=None, completions=None, solution=None, **kwargs) -> list[float]:
-    """The recipe's answer check, with equivalence by math-verify instead of string equality."""
+def dapo_answer(prompts=None, completions=None, solution=None, **kwargs) -> list[float | None]:
+    """The recipe's answer check, with equivalence by math-verify instead of string equality. Undecided answers
+    (None) are counted: the fraction is logged as UNDECIDED_METRIC when TRL passes `log_metric`."""
     guesses = [solution_of(text) for text in texts(prompts, completions)]
     pairs = list(zip(guesses, _golds(solution, kwargs), strict=True))
-    scores: list[float] = []
+    scores: list[float | None] = []
     for start in range(0, len(pairs), SCORE_CHUNK):
         chunk = pairs[start : start + SCORE_CHUNK]
         match_many((guess, str(gold)) for guess, gold in chunk if guess is not None)
         scores.extend(_guess_score(guess, gold) for guess, gold in chunk)
+    _count_undecided(scores, kwargs.get("log_metric"))
     return scores
+
+
+def _count_undecided(scores: list[float | None], log_metric) -> None:
+    """Log the batch's fraction of undecided answers; say once that there are some."""
+    global _told_undecided
+    undecided = scores.count(None)
+    if callable(log_metric) and scores:
+        with contextlib.suppress(Exception):  # metrics are best effort; scoring must go on
+            log_metric(UNDECIDED_METRIC, undecided / len(scores))
+    if undecided and not _told_undecided:
+        _told_undecided = True
+        logger.warning(
+            "math-verify ran out of time (%g s with its second try) on %d of %d answers; they get no dapo_answer "
+            "score (None), so training leaves them out of that reward (%s counts them)",
+            longest_comparison_seconds(),
+            undecided,
+            len(scores),
+            UNDECIDED_METRIC,
+        )
 
 
 def numbers_score(text: str, gold) -> float | None:

@@ -9,11 +9,12 @@ reads: scores are those of comparing one pair at a time.
 Workers are fresh interpreters (`python -c`, not multiprocessing) importing with this process's sys.path: they
 inherit nothing of the training process (CUDA, threads, its __main__ module) however it was started: plainly, by
 spawn or fork, or by `accelerate launch`.
-Each compares a pair in its main thread under the same SIGALRM time limit as in-process scoring. A worker still busy
-`hang_seconds` after it got a pair is killed and that pair counts as no match, as when the time limit runs out; a
-worker that dies on a pair makes it an error, raised where the pair is scored, so the reward guard gives that
-completion the failure value, as for any reward that raises. The pool starts on the main thread with the first batch
-that needs it, and the main process compares pairs itself until a worker is ready. GRPO_MATH_WORKERS sets the number
+Each runs answers.warm_up before it says it is ready, and compares a pair in its main thread under the same time
+limits as in-process scoring (a second, longer try when the first runs out). A worker still busy
+`hang_seconds` after it got a pair is killed and that pair is undecided, as when both tries run out; a worker that
+dies on a pair makes it an error, raised where the pair is scored, so the reward guard gives that completion the
+failure value, as for any reward that raises. The pool starts on the main thread with the first batch that needs
+it, and the main process compares pairs itself until a worker is ready. GRPO_MATH_WORKERS sets the number
 of workers (0: none); by default it is the CPU cores of this process shared among the ranks on this machine
 (LOCAL_WORLD_SIZE), at most MAX_WORKERS, and no pool below 2.
 """
@@ -46,7 +47,7 @@ WORKERS_ENV = "GRPO_MATH_WORKERS"
 PARENT_ENV = "GRPO_MATH_PARENT"
 MIN_POOL_PAIRS = 16  # fewer new pairs than this are compared in-process: workers would cost more
 MAX_WORKERS = 32  # a 128-pair batch took 0.036-0.040 s on 16 workers, 0.026-0.031 s on 32 (benchmarks/README.md)
-HANG_SECONDS = 3.0  # a pair takes at most math_verify_seconds() (0.5 s) in a healthy worker
+HANG_SECONDS = 3.0  # at least; a pair takes at most answers.longest_comparison_seconds() in a healthy worker
 START_SECONDS = 120.0  # for a worker to import math-verify and say it is ready
 MAX_START_FAILURES = 3  # workers that die before they are ready; then this process compares answers itself
 _READ_BYTES = 1 << 16
@@ -122,7 +123,7 @@ class MathPool:
     def __init__(self, size: int, hang_seconds: float | None = None, start_seconds: float | None = None):
         self.size = size
         if hang_seconds is None:
-            hang_seconds = max(HANG_SECONDS, 6 * answers.math_verify_seconds())
+            hang_seconds = max(HANG_SECONDS, 2 * answers.longest_comparison_seconds())
         self.hang_seconds = hang_seconds
         self.start_seconds = START_SECONDS if start_seconds is None else start_seconds
         self.pid = os.getpid()
@@ -324,7 +325,7 @@ class MathPool:
             self._handle(worker, line)
 
     def _handle(self, worker: _Worker, line: bytes) -> None:
-        """Act on one reply: `["ready"]`, `[ident, verdict]` or `[ident, null, error]`."""
+        """Act on one reply: `["ready"]`, `[ident, verdict]` (null: undecided) or `[ident, null, error]`."""
         try:
             message = json.loads(line)
         except ValueError:
@@ -345,7 +346,7 @@ class MathPool:
         self._finish(task.key, message[1] if len(message) == 2 else str(message[2]))
 
     def _stop_late(self) -> None:
-        """Kill workers past their deadline: a pair taking too long counts as no match."""
+        """Kill workers past their deadline: a pair taking too long is undecided."""
         now = time.monotonic()
         for worker in list(self.workers):
             if worker.task is not None and now - worker.task.sent > self.hang_seconds:
@@ -355,20 +356,20 @@ class MathPool:
                 _warn_once(
                     "hang",
                     f"math-verify took longer than {self.hang_seconds:g} s on one answer; its worker was stopped "
-                    "and that answer counts as wrong",
+                    "and that answer is undecided",
                 )
-                self._finish(task.key, False)
+                self._finish(task.key, None)
             elif not worker.ready and now - worker.started > self.start_seconds:
                 self._drop(worker)
                 self._start_failed(f"a math-verify worker was not ready after {self.start_seconds:g} s")
 
 
 def _is_reply(message: object) -> bool:
-    """Whether a worker's message is `[ident, true|false]` or `[ident, null, "error"]`."""
+    """Whether a worker's message is `[ident, true|false|null]` or `[ident, null, "error"]`."""
     if not isinstance(message, list) or not message or not isinstance(message[0], int):
         return False
     if len(message) == 2:
-        return isinstance(message[1], bool)
+        return message[1] is None or isinstance(message[1], bool)
     return len(message) == 3 and message[1] is None and isinstance(message[2], str)
 
 
@@ -469,7 +470,8 @@ def _die_with_parent() -> None:
 
 
 def serve() -> None:
-    """A worker's loop: a `[ident, guess, gold]` JSON line in, `[ident, verdict]` or `[ident, null, error]` out.
+    """A worker's loop: a `[ident, guess, gold]` JSON line in, `[ident, verdict]` (null: undecided) or
+    `[ident, null, error]` out.
 
     It ends when its input closes. Anything else written to stdout goes to stderr instead of into the replies.
     """
@@ -477,10 +479,10 @@ def serve() -> None:
     os.dup2(2, 1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
-    answers.symbolic_outcome("\\frac{1}{2}", "\\sqrt{2}")  # load math-verify before saying ready
+    answers.warm_up()  # before saying ready: the first timed comparisons don't pay SymPy's first-use costs
     _write_all(replies, b'["ready"]\n')
     for line in sys.stdin.buffer:
         ident, guess, gold = json.loads(line)
         outcome = answers.symbolic_outcome(guess, gold)
-        reply = [ident, outcome] if isinstance(outcome, bool) else [ident, None, outcome]
+        reply = [ident, None, outcome] if isinstance(outcome, str) else [ident, outcome]
         _write_all(replies, json.dumps(reply).encode() + b"\n")
