@@ -9,6 +9,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from grpo_cli.errors import UserError
+
 
 def write_text(path: str | Path, text: str) -> None:
     """Write `text` to `path` atomically (a killed process leaves the old file or none, never half a file)."""
@@ -43,3 +45,21 @@ def json_text(value, indent: int | None = None) -> str:
 def write_jsonl(path: str | Path, rows: list[dict]) -> None:
     """Write rows as strict JSON lines atomically."""
     write_text(path, "".join(json_text(row) + "\n" for row in rows))
+
+
+def check_writable(path: str | Path, option: str, folder: bool = False) -> None:
+    """Refuse, before any work, an output path that cannot be written: a folder where a file goes (or a file where a
+    folder goes), a path under a file, a folder that is not writable. `option` names it in the message."""
+    target = Path(path).expanduser().absolute()
+    if target.exists() and target.is_dir() != folder:
+        kind = "a file" if folder else "a folder"
+        raise UserError(f"{option} {path} is {kind} - give a {'folder' if folder else 'file'} path")
+    for parent in target.parents:
+        if not parent.exists():
+            continue
+        if not parent.is_dir():
+            raise UserError(f"{option} {path} is under {parent}, which is a file - give another path")
+        writable = target if target.exists() and folder else parent
+        if not os.access(writable, os.W_OK | os.X_OK):
+            raise UserError(f"{option} {path}: {writable} is not writable - give a path you can write to")
+        return

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_cli.atomic import json_text, write_jsonl, write_text
+from grpo_cli.atomic import check_writable, json_text, write_jsonl, write_text
 from grpo_cli.errors import UserError
 
 _TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model")
@@ -541,6 +541,8 @@ def run_eval(
     recipe = load_recipe(config, overrides or [], command=guess_command(config))
     recipe.apply_env()
     values = recipe.resolved()
+    out_dir = Path(output or Path(values["output_dir"]) / "eval").expanduser()
+    check_writable(out_dir, "--output", folder=True)  # before the generation, not after
     settings = EvalSettings(
         split=split or recipe.task.dataset_test_split,
         limit=limit,
@@ -561,7 +563,6 @@ def run_eval(
     rows = [data[i] for i in range(min(len(data), limit or len(data)))]
     base_dir = str(recipe.path.parent) if recipe.path else None
     reward_funcs = build_reward_funcs(reward_names(recipe), recipe.reward.reward_timeout, base_dir)
-    out_dir = Path(output or Path(values["output_dir"]) / "eval").expanduser()
 
     summaries, all_samples = [], []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

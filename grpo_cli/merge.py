@@ -15,6 +15,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from grpo_cli.atomic import check_writable
 from grpo_cli.errors import UserError
 from grpo_cli.models import find_adapter, load_tokenizer, quiet_progress_bars, resolve_model
 
@@ -58,8 +59,7 @@ def check_output(output: Path, force: bool, protected: list[Path]) -> None:
             raise UserError(
                 f"--output {output} would replace {path}, an input of the merge - choose another folder"
             )
-    if output.exists() and not output.is_dir():
-        raise UserError(f"--output {output} is a file - give a folder path")
+    check_writable(output, "--output", folder=True)
     if output.is_dir() and any(output.iterdir()) and not force:
         raise UserError(
             f"--output {output} already exists and is not empty - choose another folder or pass --force"

@@ -212,3 +212,72 @@ def test_keys_list_cuts_long_help_at_a_word_and_a_search_shows_it_whole(monkeypa
     listing = capsys.readouterr().err
     row = next(line for line in listing.splitlines() if "activation_offloading" in line)
     assert "backward passes (CUDA; ..." in row and "needs" not in row  # cut before a word, not in one
+
+
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        (["--per_device_train_batch_size", "0"], "`per_device_train_batch_size` is 0: it must be a whole number"),
+        (["--learning_rate", "-1e-5"], "`learning_rate` is -1e-05: it must be a finite number of at least 0"),
+        (["--learning_rate", "nan"], "`learning_rate` is nan"),
+        (["--temperature", "-1"], "`temperature` is -1.0: it must be a finite number above 0"),
+        (["--save_steps", "2.5"], "`save_steps` is 2.5: it must be a whole number of steps, or a share"),
+        (["--max_steps", "0"], "`max_steps` is 0: it must be a whole number above 0, or -1"),
+        (["--reward_timeout", "-5"], "`reward_timeout` is -5.0: it must be a number of seconds above 0"),
+    ],
+)
+def test_values_training_would_reject_are_refused_by_the_check(tmp_path, override, says):
+    with pytest.raises(UserError) as err:
+        check_recipe(load_recipe(str(write(tmp_path, GOOD)), override, "rl"))
+    assert says in str(err.value) and "command line" in str(err.value)
+
+
+def test_env_names_must_be_variable_names(tmp_path):
+    path = write(tmp_path, GOOD.replace('GRPO_TEST_VARIABLE: "on"', '"A=B": "on"'))
+    with pytest.raises(UserError, match=r"`env` name 'A=B' is not an environment variable name"):
+        check_recipe(load_recipe(str(path), [], "rl"))
+
+
+def test_output_folders_a_run_must_not_own(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (tmp_path / "a-file").write_text("x")
+    recipe = write(tmp_path, GOOD.replace("Qwen/Qwen2.5-0.5B-Instruct", str(model)))
+    cases = {
+        "/": "is a system folder",
+        "/usr": "is a system folder",
+        "~": "is your home folder",
+        str(model): "is the model being trained from",
+        str(tmp_path / "a-file"): "is an existing file",
+        str(tmp_path / "a-file" / "run"): "which is a file",
+        str(tmp_path / ("x" * 260)): "a folder name of 260 bytes (the limit is 255)",
+    }
+    for output, says in cases.items():
+        with pytest.raises(UserError) as err:
+            check_recipe(load_recipe(str(recipe), ["--output_dir", output], "rl"))
+        assert says in str(err.value), output
+    check_recipe(load_recipe(str(recipe), ["--output_dir", str(tmp_path / "runs" / "new")], "rl"))  # fine
+    run = subprocess.run(
+        [sys.executable, "-m", "grpo_cli", "check", "-c", str(recipe), "--output_dir", "~"],
+        capture_output=True, text=True, check=False,
+    )
+    assert run.returncode == 2 and "home folder" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_unreadable_recipes_get_one_message(tmp_path):
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"model_name_or_path: m\n# caf\xe9\n")
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("model_name_or_path: m\nenv:\n  A: " + "[" * 100_000 + "\n")
+    cases = {
+        str(latin): f"{latin}:2: not UTF-8 text (byte 0xe9)",
+        str(deep): "nested too deeply to read",
+        str(tmp_path / ("r" * 260 + ".yaml")): "File name too long",
+        str(tmp_path): "is a folder - give a recipe's YAML file",
+    }
+    for config, says in cases.items():
+        run = subprocess.run(
+            [sys.executable, "-m", "grpo_cli", "check", "-c", config], capture_output=True, text=True, check=False
+        )
+        assert run.returncode == 2, run.stderr
+        assert says in run.stderr and "Traceback" not in run.stderr, run.stderr

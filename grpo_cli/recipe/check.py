@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +43,95 @@ def _file_problems(recipe: Recipe) -> list[str]:
             continue
         if not Path(value).expanduser().exists():
             problems.append(f"{recipe.where(key)}: `{key}`: no such file or folder: {value}")
+    return problems
+
+
+# Folders a run never writes into (its output folder, checkpoints and logs would land among the system's files).
+SYSTEM_FOLDERS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr", "/var")
+MAX_NAME_BYTES = 255  # one file or folder name, on the usual file systems
+
+
+def _output_problems(recipe: Recipe) -> list[str]:
+    """`output_dir` must be a folder a run can own: not a system or home folder, not a file or under one, not the
+    model being trained from, writable, with names the file system takes."""
+    from grpo_cli.models import is_local_path
+
+    value = recipe.values.get("output_dir")
+    if not isinstance(value, str) or not value:
+        return []
+    where = f"{recipe.where('output_dir')}: `output_dir` {value}"
+    path = Path(value).expanduser()
+    long = [part for part in path.parts if len(part.encode()) > MAX_NAME_BYTES]
+    if long:
+        return [f"{where}: a folder name of {len(long[0].encode())} bytes (the limit is {MAX_NAME_BYTES}) - shorten it"]
+    resolved = path.resolve()
+    if str(resolved) in SYSTEM_FOLDERS or any(resolved.is_relative_to(root) for root in ("/proc", "/sys", "/dev")):
+        return [f"{where} is a system folder - name a folder of the run's own, e.g. outputs/{recipe.name}"]
+    if resolved == Path.home().resolve():
+        home = "is your home folder: a run writes checkpoints, a model and logs into its output folder"
+        return [f"{where} {home} - name a folder of its own, e.g. outputs/{recipe.name}"]
+    model = recipe.values.get("model_name_or_path")
+    if isinstance(model, str) and is_local_path(model) and Path(model).expanduser().resolve() == resolved:
+        model_text = "is the model being trained from (`model_name_or_path`): the run would write over it"
+        return [f"{where} {model_text} - set another `output_dir`"]
+    for folder in [resolved, *resolved.parents]:
+        if not folder.exists():
+            continue
+        if not folder.is_dir():
+            what = "is an existing file" if folder == resolved else f"is under {folder}, which is a file"
+            return [f"{where} {what} - set `output_dir` to a folder"]
+        if not os.access(folder, os.W_OK | os.X_OK):
+            return [f"{where}: {folder} is not writable - choose a folder you can write to"]
+        return []
+    return []
+
+
+def _steps_or_share(value) -> bool:
+    return _finite_at_least(0.0, above=True)(value) and (value < 1 or float(value).is_integer())
+
+
+def _int_at_least(low: int):
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _finite_at_least(low: float, above: bool = False):
+    return lambda v: isinstance(v, (int, float)) and math.isfinite(v) and (v > low if above else v >= low)
+
+
+# Values TRL or transformers would reject deep inside a run (or misread), checked before anything loads:
+# key -> (test, what the value must be).
+VALUE_RULES = {
+    "per_device_train_batch_size": (_int_at_least(1), "a whole number of at least 1"),
+    "gradient_accumulation_steps": (_int_at_least(1), "a whole number of at least 1"),
+    "num_generations": (_int_at_least(1), "a whole number of at least 1"),
+    "max_completion_length": (_int_at_least(1), "a whole number of at least 1"),
+    "learning_rate": (_finite_at_least(0.0), "a finite number of at least 0"),
+    "max_grad_norm": (_finite_at_least(0.0), "a finite number of at least 0 (0: no clipping)"),
+    "temperature": (_finite_at_least(0.0, above=True), "a finite number above 0"),
+    "reward_timeout": (_finite_at_least(0.0, above=True), "a number of seconds above 0"),
+    "nonfinite_patience": (_int_at_least(0), "a whole number of at least 0 (0: never stop)"),
+    "max_steps": (
+        lambda v: isinstance(v, int) and (v > 0 or v == -1),
+        "a whole number above 0, or -1 for `num_train_epochs`",
+    ),
+    # below 1 a share of the run's steps, else a number of steps
+    "save_steps": (lambda v: _steps_or_share(v), "a whole number of steps, or a share of the run below 1"),
+    "logging_steps": (lambda v: _steps_or_share(v), "a whole number of steps, or a share of the run below 1"),
+}
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _value_problems(recipe: Recipe) -> list[str]:
+    problems = []
+    for key, (test, must) in VALUE_RULES.items():
+        if key in recipe.values and recipe.values[key] is not None and not test(recipe.values[key]):
+            problems.append(f"{recipe.where(key)}: `{key}` is {recipe.values[key]!r}: it must be {must}")
+    for name in recipe.env:
+        if not ENV_NAME.match(name):
+            problems.append(
+                f"{recipe.path or 'recipe'}: `env` name {name!r} is not an environment variable name (letters, digits "
+                "and _, not starting with a digit)"
+            )
     return problems
 
 
@@ -121,10 +212,14 @@ def check_recipe(
     from grpo_cli.tasks import task_problems
 
     problems = list(problems or []) + _file_problems(recipe) + _located(recipe, task_problems(recipe.task))
+    values = _value_problems(recipe)
+    problems += values + _output_problems(recipe)
+    batch_keys = ("`per_device_train_batch_size`", "`num_generations`", "`gradient_accumulation_steps`")
+    batch_ok = not any(key in problem for problem in values for key in batch_keys)  # the arithmetic below needs them
     if "model_name_or_path" not in recipe.values:
         problems.append(f"{recipe.path or 'recipe'}: `model_name_or_path` is missing - name a model to train")
     if recipe.command == "rl":
-        problems += _batch_problems(recipe, num_processes)
+        problems += _batch_problems(recipe, num_processes) if batch_ok else []
         problems += _reward_problems(recipe)
         if recipe.memory.activation_offloading and recipe.values.get("gradient_checkpointing") is False:
             problems.append(

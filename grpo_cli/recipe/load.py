@@ -135,8 +135,13 @@ def builtin_recipes() -> dict[str, Path]:
 def find_recipe(path_or_name: str) -> Path:
     """A recipe file path, or the name of a built-in recipe."""
     path = Path(path_or_name).expanduser()
-    if path.is_file():
-        return path
+    try:
+        if path.is_file():
+            return path
+        if path.is_dir():
+            raise UserError(f"{path_or_name} is a folder - give a recipe's YAML file, e.g. {path_or_name}/recipe.yaml")
+    except OSError as err:
+        raise UserError(f"recipe {path_or_name[:80]}...: {err.strerror} - give a shorter path") from None
     builtin = builtin_recipes()
     if path_or_name in builtin:
         return builtin[path_or_name]
@@ -147,9 +152,23 @@ def find_recipe(path_or_name: str) -> Path:
     )
 
 
+def recipe_text(path: Path) -> str:
+    """A recipe file's text; one clear problem when it is not readable UTF-8 text."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        line = err.object[: err.start].count(b"\n") + 1
+        raise UserError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{err.object[err.start]:02x}) - a recipe is a YAML text file; "
+            "save it as UTF-8"
+        ) from None
+    except OSError as err:
+        raise UserError(f"{path}: cannot read it ({err.strerror})") from None
+
+
 def _read_yaml(path: Path) -> tuple[dict, dict[str, int], list[str]]:
     """Top-level mapping of a YAML file, the line of each key, and problems (duplicates)."""
-    text = path.read_text(encoding="utf-8")
+    text = recipe_text(path)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -158,6 +177,8 @@ def _read_yaml(path: Path) -> tuple[dict, dict[str, int], list[str]]:
         line = f":{mark.line + 1}" if mark else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise UserError(f"{path}{line}: not valid YAML ({problem}) - fix the syntax") from None
+    except RecursionError:
+        raise UserError(f"{path}: nested too deeply to read - a recipe holds flat `key: value` lines") from None
     if data is None:
         return {}, {}, []
     if not isinstance(data, dict) or not isinstance(node, yaml.MappingNode):

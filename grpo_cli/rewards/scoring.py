@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_cli.atomic import write_jsonl
+from grpo_cli.atomic import check_writable, write_jsonl
 from grpo_cli.errors import UserError
 from grpo_cli.recipe.args import TaskArguments
 from grpo_cli.rewards.guard import RewardGuard, build_reward_funcs
@@ -204,6 +204,8 @@ def score_file(setup: RewardSetup, input_path: str | Path, output_path: str | Pa
 
     Returns {"rewards": [per-reward summary], "total": summary of the weighted totals, "lines": scored lines}.
     """
+    if output_path is not None:
+        check_writable(output_path, "--output")
     rows = read_completions(input_path, setup)
     originals = []
     with Path(input_path).open(encoding="utf-8") as lines:

@@ -152,10 +152,11 @@ def generate_rows(
 
 def write_generated(path: str, num: int, seed: int, **options: int) -> list[dict]:
     """Generate `num` tasks (see generate_rows for the options) and write them to a .jsonl file atomically."""
-    from grpo_cli.atomic import write_jsonl
+    from grpo_cli.atomic import check_writable, write_jsonl
 
     if not str(path).endswith(".jsonl"):
         raise UserError(f"--out: '{path}' must be a .jsonl file")
+    check_writable(path, "--out")
     rows = generate_rows(num, seed, **options)
     write_jsonl(path, rows)
     return rows
