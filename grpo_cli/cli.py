@@ -157,7 +157,12 @@ def _train(
         from grpo_cli.train.rl import run_rl as run
     else:
         from grpo_cli.train.sft import run_sft as run
-    run(recipe, resume=resume, overwrite=overwrite)
+    from grpo_cli.train.checkpoints import Stopped
+
+    try:
+        run(recipe, resume=resume, overwrite=overwrite)
+    except Stopped as stop:  # saved a checkpoint on Ctrl-C or SIGTERM: 130 or 143, as the signal would have
+        raise typer.Exit(stop.code) from None
 
 
 @app.command(context_settings=EXTRA_ARGS)

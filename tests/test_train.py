@@ -280,3 +280,81 @@ def test_gpu_defaults_offload_layer_inputs_where_the_forward_backward_sets_the_p
     launched = recipe()
     run.gpu_defaults(launched)
     assert "activation_offloading" not in launched.values and "lean_lm_head" not in launched.values
+
+
+def test_a_finished_run_is_not_trained_again(tmp_path, tiny_model_dir):
+    path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nlora_r: 4\n")
+    out = train(path, "rl")
+    before = (out / "adapter_model.safetensors").read_bytes()
+    with pytest.raises(UserError, match=r"is a finished run: it trained 2 steps \(`max_steps` 2\).*--max_steps 3"):
+        train(path, "rl")
+    assert (out / "adapter_model.safetensors").read_bytes() == before
+    assert not (out / "checkpoint-3").exists()
+
+
+def test_a_folder_holding_a_model_or_other_files_is_not_written_into(tmp_path, tiny_model_dir):
+    import shutil
+
+    model_copy = tmp_path / "a-model"
+    shutil.copytree(tiny_model_dir, model_copy)
+    path = recipe_file(tmp_path, tiny_model_dir, "sft")
+    with pytest.raises(UserError, match=r"already holds a model, not a grpo run.*--overwrite"):
+        train(path, "sft", ["--output_dir", str(model_copy)])
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "ideas.txt").write_text("keep me")
+    with pytest.raises(UserError, match=r"holds 1 file\(s\) of something else \(ideas.txt\)"):
+        train(path, "sft", ["--output_dir", str(notes)])
+    assert sorted(p.name for p in model_copy.iterdir()) == sorted(p.name for p in tiny_model_dir.iterdir())
+    out = train(path, "sft", ["--output_dir", str(notes)], overwrite=True)  # asked for: written into
+    assert (out / "ideas.txt").read_text() == "keep me" and (out / "model.safetensors").is_file()
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path, tiny_model_dir):
+    path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nlora_r: 4\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpo_cli", "rl", "-c", str(path), "--max_steps", "50", "--save_steps", "100"],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if "step 1/50" in line or "step  1/50" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    _, rest = proc.communicate(timeout=300)
+    text = "".join(lines) + rest
+    assert proc.returncode == 143, text
+    assert "SIGTERM: saving a checkpoint" in text and "Traceback" not in text
+    saved = sorted((tmp_path / "rl").glob("checkpoint-*"))
+    assert saved and state(saved[-1])["global_step"] >= 1
+
+
+def test_resuming_keeps_one_rollout_row_per_completion_of_each_step(tmp_path, tiny_model_dir):
+    path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nlora_r: 4\n")
+    out = train(path, "rl")
+    rollouts = out / "rollouts.jsonl"
+    # A run killed during step 3 leaves that step's rows (and maybe half a line) behind checkpoint-2.
+    with open(rollouts, "a") as extra:
+        extra.write(json.dumps({"step": 2, "completion": "from the killed run"}) + "\n" + '{"step": 2, "compl')
+    train(path, "rl", ["--max_steps", "3"])
+    rows = [json.loads(line) for line in rollouts.read_text().splitlines()]
+    assert [row["step"] for row in rows] == [0] * 4 + [1] * 4 + [2] * 4
+    assert all(row["completion"] != "from the killed run" for row in rows)
+    train(path, "rl", ["--max_steps", "1"], resume=False, overwrite=True)  # a fresh run starts the file anew
+    assert len(rollouts.read_text().splitlines()) == 4
+
+
+def test_a_full_disk_is_one_message_naming_the_last_complete_checkpoint(tmp_path, tiny_model_dir):
+    disk = tmp_path / "small"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        path = recipe_file(tmp_path, tiny_model_dir, "rl", f"use_peft: true\nlora_r: 4\noutput_dir: {disk / 'run'}\n")
+        path.write_text(path.read_text().replace(f"output_dir: {tmp_path / 'rl'}\n", ""))
+        with pytest.raises(UserError, match=r"out of disk space writing into .*small/run"):
+            train(path, "rl", ["--max_steps", "40"])
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)

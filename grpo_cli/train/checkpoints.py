@@ -1,4 +1,4 @@
-"""Checkpoints: which one a rerun resumes from, and stopping cleanly on Ctrl-C.
+"""Checkpoints: which one a rerun resumes from, and stopping cleanly on Ctrl-C or SIGTERM.
 
 transformers writes `trainer_state.json` last when it saves a checkpoint, so a checkpoint folder without a readable
 one was cut short (the process was killed while saving) and is never resumed from.
@@ -6,6 +6,7 @@ one was cut short (the process was killed while saving) and is never resumed fro
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -44,11 +45,42 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return complete[-1] if complete else None
 
 
-def resume_point(output_dir: str | Path, resume: bool, overwrite: bool, main: bool = True) -> Path | None:
+# What a grpo run leaves in its output folder besides checkpoints: a folder holding one of these is a run's.
+RUN_FILES = ("recipe.yaml", "train_summary.json", "rollouts.jsonl")
+MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def foreign_contents(output_dir: str | Path) -> str | None:
+    """What an existing output folder holds when it is not a grpo run's folder (None: absent, empty, or a run's)."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return None
+    names = sorted(p.name for p in root.iterdir())
+    if not names or any(name in RUN_FILES for name in names) or checkpoints(root):
+        return None
+    if any(name in ADAPTER_FILES for name in names):
+        return "a LoRA adapter"
+    if any(name in MODEL_FILES for name in names):
+        return "a model"
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return f"{len(names)} file(s) of something else ({shown})"
+
+
+def resume_point(
+    output_dir: str | Path, resume: bool, overwrite: bool, main: bool = True, max_steps: int | None = None
+) -> Path | None:
     """Decide where training starts: the latest complete checkpoint, or fresh (after clearing old ones if asked).
+    A folder that is not a run's is refused unless `overwrite`; a run that reached `max_steps` is not trained again.
 
     Every process decides the same; only the main one (`main`) deletes and prints.
     """
+    foreign = foreign_contents(output_dir)
+    if foreign and not overwrite:
+        raise UserError(
+            f"the output folder {output_dir} already holds {foreign}, not a grpo run: the run would write its "
+            "checkpoints and model among them - set another `--output_dir`, or add --overwrite to write into it"
+        )
     found = checkpoints(output_dir)
     for partial in [p for p in found if not is_complete(p)]:
         if main:
@@ -59,6 +91,13 @@ def resume_point(output_dir: str | Path, resume: bool, overwrite: bool, main: bo
         return None
     if resume:
         latest = found[-1]
+        step = int(json.loads((latest / "trainer_state.json").read_text()).get("global_step") or 0)
+        if max_steps and max_steps > 0 and step >= max_steps:
+            raise UserError(
+                f"{output_dir} is a finished run: it trained {step} steps (`max_steps` {max_steps}) and saved "
+                f"{latest.name}. To train further from there, raise `--max_steps` (e.g. --max_steps "
+                f"{step + max(step // 2, 1)}); to start over, add --no-resume --overwrite"
+            )
         if main:
             console.print(f"[bold]resuming[/] from {latest} (use --no-resume to start over)")
         return latest
@@ -75,30 +114,79 @@ def resume_point(output_dir: str | Path, resume: bool, overwrite: bool, main: bo
     return None
 
 
+class Stopped(KeyboardInterrupt):
+    """The run stopped on a signal after saving a checkpoint; `code` is the exit code (130 for SIGINT, 143 for
+    SIGTERM)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.code = 128 + signum
+
+
 class GracefulStop(TrainerCallback):
-    """First Ctrl-C: finish the current step, save a checkpoint, stop. Second Ctrl-C: quit at once."""
+    """First Ctrl-C or SIGTERM (what Slurm, Kubernetes and container runtimes send): finish the current step, save a
+    checkpoint, stop. A second one: quit at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous = None
+        self.signum: int | None = None
+        self._previous: dict = {}
 
     def install(self) -> None:
-        self._previous = signal.signal(signal.SIGINT, self._on_signal)
+        for signum in self.SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._on_signal)
 
     def uninstall(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
 
     def _on_signal(self, signum, frame) -> None:
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         if self.requested:
-            console.print("\n[red]second Ctrl-C: quitting now without saving[/]")
-            os._exit(130)
+            console.print(f"\n[red]second {name}: quitting now without saving[/]")
+            os._exit(128 + signum)
         self.requested = True
-        console.print("\n[yellow]Ctrl-C: saving a checkpoint after this step, then stopping (Ctrl-C again to quit now)[/]")
+        self.signum = signum
+        console.print(f"\n[yellow]{name}: saving a checkpoint after this step, then stopping ({name} again to quit now)[/]")
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.requested:
             control.should_save = True
             control.should_training_stop = True
         return control
+
+
+DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "PytorchStreamWriter failed writing file")
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """Whether `err` (or an error it came from) says the disk is full: an OSError with ENOSPC or EDQUOT, or torch's
+    and safetensors' messages for it."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(text in str(err) for text in DISK_FULL_TEXTS):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def disk_full_problem(output_dir: str | Path) -> str:
+    """The message for a run that ran out of disk space while writing into `output_dir`."""
+    latest = latest_checkpoint(output_dir)
+    free = shutil.disk_usage(Path(output_dir) if Path(output_dir).exists() else Path.cwd()).free / 2**30
+    resume = (
+        f"the last complete checkpoint, {latest}, is intact and the same command resumes from it"
+        if latest is not None
+        else "no complete checkpoint was saved"
+    )
+    return (
+        f"out of disk space writing into {output_dir} ({free:.1f} GiB free now): {resume}. Free some space, keep fewer "
+        "checkpoints (`save_total_limit`), save only the model (`save_only_model: true`), or set `output_dir` on a "
+        "larger disk"
+    )

@@ -5,7 +5,9 @@ Read top to bottom: check, load tokenizer, data and model, build the trainer, tr
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import warnings
 from pathlib import Path
 
@@ -126,4 +128,26 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
         LayerInputOffload(trainer.model)  # lives in the hooks it puts on the model
     if trainer.accelerator.is_main_process:
         trainer.rollouts_path = Path(run.args.output_dir) / "rollouts.jsonl"
+        resumed_at = int(run.checkpoint.name.rpartition("-")[2]) if run.checkpoint else 0
+        keep_rollouts_before(trainer.rollouts_path, resumed_at)
     return run.train(trainer)
+
+
+def keep_rollouts_before(path: Path, step: int) -> None:
+    """Drop the rollouts of steps from `step` on (a resumed run does them again; a fresh run, step 0, starts the file
+    anew). A row's `step` is the number of steps done when it was generated."""
+    if not path.exists():
+        return
+    if step == 0:
+        path.unlink()
+        return
+    staging = path.with_name(f".{path.name}.tmp")
+    with open(path, encoding="utf-8") as rows, open(staging, "w", encoding="utf-8") as kept:
+        for line in rows:
+            try:
+                done = json.loads(line).get("step")
+            except ValueError:
+                continue  # a line cut short by a kill
+            if isinstance(done, int) and done < step:
+                kept.write(line if line.endswith("\n") else line + "\n")
+    os.replace(staging, path)

@@ -14,7 +14,14 @@ from grpo_cli.errors import UserError
 from grpo_cli.launch import accelerate_config_from_env, is_main_process, world_size
 from grpo_cli.models import first_nonfinite, gpu_problems, load_model, load_tokenizer, render_prompt
 from grpo_cli.recipe import Recipe
-from grpo_cli.train.checkpoints import GracefulStop, latest_checkpoint, resume_point
+from grpo_cli.train.checkpoints import (
+    GracefulStop,
+    Stopped,
+    disk_full_problem,
+    is_disk_full,
+    latest_checkpoint,
+    resume_point,
+)
 from grpo_cli.train.console import RunConsole, quiet_libraries, remove_default_printers
 from grpo_cli.train.health import NonFiniteStop, StepGuard, stability_advice
 from grpo_cli.train.tracking import swanlab_callback, tracking_problems
@@ -140,7 +147,7 @@ class TrainingRun:
         self.args = recipe.training_config()
         self.output_dir = Path(self.args.output_dir)
         self.main = is_main_process()
-        self.checkpoint = resume_point(self.output_dir, resume, overwrite, main=self.main)
+        self.checkpoint = resume_point(self.output_dir, resume, overwrite, main=self.main, max_steps=self.args.max_steps)
         self.tokenizer = load_tokenizer(
             self.model_args.model_name_or_path,
             recipe.task.chat_template,
@@ -201,6 +208,11 @@ class TrainingRun:
         except NonFiniteStop as stop:
             self.console.close()
             raise NonFiniteStop(*stop.problems, *self._resume_lines()) from None
+        except Exception as err:
+            if not is_disk_full(err):
+                raise
+            self.console.close()
+            raise UserError(disk_full_problem(self.output_dir)) from None
         finally:
             self.stop.uninstall()
         if self.guard is not None and self.guard.stopped:
@@ -217,9 +229,14 @@ class TrainingRun:
                 f"stopped at step {trainer.state.global_step}; the checkpoint is in {self.output_dir}. "
                 "Run the same command again to resume."
             )
-            raise KeyboardInterrupt
-        self._save_final(trainer)
-        self._write_summary(trainer, result.metrics)
+            raise Stopped(self.stop.signum)
+        try:
+            self._save_final(trainer)
+            self._write_summary(trainer, result.metrics)
+        except Exception as err:
+            if not is_disk_full(err):
+                raise
+            raise UserError(disk_full_problem(self.output_dir)) from None
         if trainer.accelerator.is_main_process:
             console.print(f"[bold green]saved[/] {self.output_dir}")
         return self.output_dir
