@@ -24,8 +24,9 @@ from grpo_cli.tasks.time_limit import TimeLimitExpired, time_limit
 logger = logging.getLogger("grpo_cli.rewards")
 
 PREVIEW_CHARS = 300
-# A batch always gets at least this long: a reward's first call may import its libraries (math-verify: ~0.5 s).
-MIN_BATCH_SECONDS = 5.0
+# A batch always gets at least this long: a reward's first call may import its libraries, and math-verify's first
+# call also warms up its process and may retry a slow comparison with a larger budget.
+MIN_BATCH_SECONDS = 10.0
 
 
 def _preview(prompt: Any, completion: Any) -> str:
