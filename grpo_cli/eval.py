@@ -436,9 +436,7 @@ def evaluate_model(
     spec, recipe, rows, task, reward_funcs, settings, progress=None
 ) -> tuple[dict, list[dict]]:
     """Generate and score one model on the rows; returns (its summary, its samples)."""
-    from transformers import AutoConfig
-
-    from grpo_cli.models import gpu_problems, render_prompt, resolve_model
+    from grpo_cli.models import gpu_problems, load_config, render_prompt
 
     model_args = recipe.model_config()
     problems = gpu_problems(model_args)
@@ -446,9 +444,7 @@ def evaluate_model(
         raise UserError(*problems)
     trust = bool(recipe.values.get("trust_remote_code", False))
     tokenizer = _tokenizer_for(spec, recipe.task.chat_template, trust)
-    context = context_length(
-        AutoConfig.from_pretrained(resolve_model(spec.model), trust_remote_code=trust), tokenizer
-    )
+    context = context_length(load_config(spec.model, trust_remote_code=trust), tokenizer)
     kept, texts, prompt_ids = [], [], []
     for i, row in enumerate(rows):
         text = render_prompt(tokenizer, row["prompt"])

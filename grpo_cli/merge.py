@@ -155,7 +155,7 @@ def merge_adapter(
     import torch
     from peft import PeftModel
 
-    from grpo_cli.models import load_model, refuse_nonfinite
+    from grpo_cli.models import load_model, refuse_damaged, refuse_nonfinite
 
     adapter_dir, label = find_adapter(adapter)
     recorded = base_model_of(adapter_dir)
@@ -176,6 +176,7 @@ def merge_adapter(
     ]
     ids = ids[:, :128]
 
+    refuse_damaged(adapter_dir)
     with quiet_progress_bars():
         model = load_model(base_path, {"dtype": dtype_name})
     base_logits = _logits(model, ids)

@@ -510,25 +510,67 @@ def render_prompt(tokenizer, messages: list[dict]) -> str:
     return text
 
 
+def _load_problem(name_or_path: str, err: Exception) -> UserError:
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return UserError(f"cannot load model {name_or_path}: {first} - check the model name or folder")
+
+
+def load_config(name_or_path: str, trust_remote_code: bool = False):
+    """A model's config from a short name, folder or Hub id; one clear problem when it cannot be read."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(resolve_model(name_or_path), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise _load_problem(name_or_path, err) from None
+
+
 def load_model(name_or_path: str, model_args=None, for_training: bool = False, adapter: str | None = None):
     """Causal LM from a short name, folder or Hub id, with an optional LoRA adapter on top (eval mode unless training)."""
     from transformers import AutoModelForCausalLM
 
     path = resolve_model(name_or_path)
     kwargs = model_kwargs(model_args, for_training) if model_args is not None else {"dtype": "auto"}
+    refuse_damaged(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except OSError as err:
-        raise UserError(f"cannot load model {name_or_path}: {err} - check the model name or folder") from err
+    except (OSError, ValueError) as err:
+        raise _load_problem(name_or_path, err) from None
     if adapter:
         from peft import PeftModel
 
         adapter_dir, _ = find_adapter(adapter)
+        refuse_damaged(adapter_dir)
         model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=for_training)
     refuse_nonfinite(model, name_or_path if not adapter else f"{name_or_path} with the adapter {adapter}")
     if not for_training:
         model.eval()
     return model
+
+
+def damaged_weights(folder: str | os.PathLike) -> str | None:
+    """What is wrong with the first safetensors file in a local folder that cannot be opened (a header cut short, data
+    past the end of a truncated file), or None; a folder that is not local (a Hub id) is not looked at."""
+    root = Path(folder)
+    if not root.is_dir():
+        return None
+    from safetensors import safe_open
+
+    for file in sorted(root.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except Exception as err:  # noqa: BLE001 - safetensors raises its own error type for every damage
+            return f"{file} cannot be read ({str(err).strip() or type(err).__name__})"
+    return None
+
+
+def refuse_damaged(folder: str | os.PathLike) -> None:
+    """Refuse a model, adapter or checkpoint folder whose weights file is damaged or incomplete."""
+    problem = damaged_weights(folder)
+    if problem:
+        raise UserError(f"{problem} - the file is damaged or was cut short (a killed save or copy): copy it again, "
+                        "or use another checkpoint")
 
 
 def first_nonfinite(named_tensors) -> str | None:

@@ -358,3 +358,65 @@ def test_a_full_disk_is_one_message_naming_the_last_complete_checkpoint(tmp_path
             train(path, "rl", ["--max_steps", "40"])
     finally:
         subprocess.run(["umount", str(disk)], check=False)
+
+
+def _truncate(path: Path, size: int) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(size)
+
+
+def test_damaged_weights_and_another_model_are_one_message_each(tmp_path, tiny_model_dir, tiny_adapter_dir):
+    import shutil
+
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    # eval of a model whose weights were cut short, and of one whose config is empty
+    cut = tmp_path / "cut-model"
+    shutil.copytree(tiny_model_dir, cut)
+    _truncate(cut / "model.safetensors", 5000)
+    empty = tmp_path / "empty-config"
+    shutil.copytree(tiny_model_dir, empty)
+    (empty / "config.json").write_text("{}")
+    recipe = recipe_file(tmp_path / "eval", tiny_model_dir, "rl", "dataset_test_size: 4\n")
+    for model, says in ((cut, "model.safetensors cannot be read"), (empty, "cannot load model")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "grpo_cli", "eval", "-c", str(recipe), "--model", str(model), "--limit", "2",
+             "-o", str(tmp_path / "e")],
+            capture_output=True, text=True, timeout=600, check=False,
+        )
+        assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    # merge of an adapter whose weights were cut short
+    adapter = tmp_path / "cut-adapter"
+    shutil.copytree(tiny_adapter_dir, adapter)
+    _truncate(adapter / "adapter_model.safetensors", 1000)
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpo_cli", "merge", "--adapter", str(adapter), "--base", str(tiny_model_dir),
+         "--output", str(tmp_path / "merged")],
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert proc.returncode == 2 and "adapter_model.safetensors cannot be read" in proc.stderr, proc.stderr
+    assert not (tmp_path / "merged").exists()
+    # resuming from a checkpoint whose weights were cut short, and with another model
+    path = recipe_file(tmp_path / "run", tiny_model_dir, "rl", "beta: 0.0\n")
+    out = train(path, "rl")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    other = tmp_path / "other-model"
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+    LlamaForCausalLM(config).save_pretrained(other)
+    tokenizer.save_pretrained(other)
+    with pytest.raises(UserError, match=r"does not fit .*other-model: its weights have other shapes"):
+        train(path, "rl", ["--max_steps", "3", "--model_name_or_path", str(other)])
+    _truncate(out / "checkpoint-2" / "model.safetensors", 5000)
+    with pytest.raises(UserError, match=r"the latest checkpoint cannot be resumed: .*checkpoint-2/model.safetensors"):
+        train(path, "rl", ["--max_steps", "3"])
+
+
+def test_rewards_score_of_a_binary_file_is_one_message(tmp_path):
+    binary = tmp_path / "completions.jsonl"
+    binary.write_bytes(b'{"completion": "a"}\n\xff\xfe\x00\x01')
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpo_cli", "rewards", "score", "-c", "countdown", "-i", str(binary)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 2 and "line 2: not UTF-8 text" in proc.stderr and "Traceback" not in proc.stderr

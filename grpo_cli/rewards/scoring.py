@@ -99,35 +99,39 @@ def read_completions(path: str | Path, setup: RewardSetup) -> list[dict]:
         raise UserError(f"--input: file '{path}' not found")
     needs = _needed_columns(setup)
     rows, problems = [], []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            where = f"{path}: line {number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                problems.append(f"{where}: not JSON ({err.msg} at column {err.colno})")
-                continue
-            if not isinstance(row, dict):
-                problems.append(f"{where}: must be a JSON object, got {type(row).__name__}")
-                continue
-            if not isinstance(row.get("completion"), str):
-                got = "nothing" if "completion" not in row else type(row["completion"]).__name__
-                problems.append(f"{where}: 'completion' must be a string, got {got}")
-            prompt = row.get("prompt")
-            if (
-                prompt is not None
-                and not isinstance(prompt, str)
-                and not (
-                    isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt)
-                )
-            ):
-                problems.append(f"{where}: 'prompt' must be a string or a list of {{role, content}} messages")
-            row = setup.task.normalize(row)
-            for task, columns in needs:
-                problems.extend(f"{where}: {p}" for p in task.column_problems(row, columns))
-            rows.append(row)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        line = err.object[: err.start].count(b"\n") + 1
+        raise UserError(f"--input: {path}: line {line}: not UTF-8 text - give a JSONL file of completions") from None
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}: line {number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            problems.append(f"{where}: not JSON ({err.msg} at column {err.colno})")
+            continue
+        if not isinstance(row, dict):
+            problems.append(f"{where}: must be a JSON object, got {type(row).__name__}")
+            continue
+        if not isinstance(row.get("completion"), str):
+            got = "nothing" if "completion" not in row else type(row["completion"]).__name__
+            problems.append(f"{where}: 'completion' must be a string, got {got}")
+        prompt = row.get("prompt")
+        if (
+            prompt is not None
+            and not isinstance(prompt, str)
+            and not (
+                isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt)
+            )
+        ):
+            problems.append(f"{where}: 'prompt' must be a string or a list of {{role, content}} messages")
+        row = setup.task.normalize(row)
+        for task, columns in needs:
+            problems.extend(f"{where}: {p}" for p in task.column_problems(row, columns))
+        rows.append(row)
     if problems:
         shown = problems[:MAX_LISTED_PROBLEMS]
         if len(problems) > len(shown):

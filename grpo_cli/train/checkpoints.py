@@ -18,6 +18,7 @@ from transformers import TrainerCallback
 
 from grpo_cli.console import console
 from grpo_cli.errors import UserError
+from grpo_cli.models import damaged_weights
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -91,6 +92,12 @@ def resume_point(
         return None
     if resume:
         latest = found[-1]
+        damaged = damaged_weights(latest)
+        if damaged:
+            raise UserError(
+                f"the latest checkpoint cannot be resumed: {damaged} - delete {latest} to resume from the one "
+                "before it, or start over with --no-resume --overwrite"
+            )
         step = int(json.loads((latest / "trainer_state.json").read_text()).get("global_step") or 0)
         if max_steps and max_steps > 0 and step >= max_steps:
             raise UserError(

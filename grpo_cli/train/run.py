@@ -209,10 +209,17 @@ class TrainingRun:
             self.console.close()
             raise NonFiniteStop(*stop.problems, *self._resume_lines()) from None
         except Exception as err:
-            if not is_disk_full(err):
-                raise
-            self.console.close()
-            raise UserError(disk_full_problem(self.output_dir)) from None
+            if is_disk_full(err):
+                self.console.close()
+                raise UserError(disk_full_problem(self.output_dir)) from None
+            if self.checkpoint is not None and "size mismatch" in str(err):
+                self.console.close()
+                raise UserError(
+                    f"{self.checkpoint} does not fit {self.model_args.model_name_or_path}: its weights have other "
+                    "shapes (it was trained from another model) - resume with the model it was trained from, or "
+                    "give this run another --output_dir"
+                ) from None
+            raise
         finally:
             self.stop.uninstall()
         if self.guard is not None and self.guard.stopped:
