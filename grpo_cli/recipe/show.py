@@ -11,7 +11,7 @@ from grpo_cli.console import console
 from grpo_cli.errors import UserError
 from grpo_cli.recipe import schema
 from grpo_cli.recipe.check import Plan, check_recipe
-from grpo_cli.recipe.load import Recipe, builtin_recipes, find_recipe, read_recipe, recipe_text
+from grpo_cli.recipe.load import YAML_LOADER, Recipe, builtin_recipes, find_recipe, read_recipe, recipe_text
 
 
 def description(path: Path) -> str:
@@ -27,7 +27,7 @@ def description(path: Path) -> str:
 def guess_command(path_or_name: str) -> str:
     """`sft` when a recipe holds more SFT-only keys than GRPO-only keys, else `rl`."""
     try:
-        data = yaml.safe_load(recipe_text(find_recipe(path_or_name)))
+        data = yaml.load(recipe_text(find_recipe(path_or_name)), Loader=YAML_LOADER)
     except (yaml.YAMLError, RecursionError, UserError):
         return "rl"  # loading the recipe as `rl` says what is wrong with it
     if not isinstance(data, dict):
