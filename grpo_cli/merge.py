@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -185,10 +186,13 @@ def merge_adapter(
             warnings.simplefilter("ignore", FutureWarning)  # peft calls deprecated transformers names
             model = PeftModel.from_pretrained(model, str(adapter_dir))
     except (ValueError, KeyError, RuntimeError) as err:
+        lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+        mismatches = sum("size mismatch" in line for line in lines)
+        what = f"{mismatches} weights of other shapes" if mismatches else (lines[0][:200] if lines else type(err).__name__)
         raise UserError(
-            f"the adapter {adapter_dir} does not fit the base model {base_path} ({err}) - pass the --base it was "
+            f"the adapter {adapter_dir} does not fit the base model {base_path} ({what}) - pass the --base it was "
             "trained on"
-        ) from err
+        ) from None
     refuse_nonfinite(model, f"the adapter {adapter_dir}")
     reference = _logits(model, ids)
     before = _fingerprints(model)
@@ -205,7 +209,8 @@ def merge_adapter(
         )
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    _remove_leftovers(out)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
     try:
         merged.config.dtype = getattr(torch, dtype_name)
         with quiet_progress_bars():
@@ -248,6 +253,28 @@ def merge_adapter(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return report
+
+
+def _remove_leftovers(out: Path) -> None:
+    """Remove what merges into `out` killed before they finished left beside it (a staging folder, the old output
+    being swapped out): hidden folders named after `out` whose process no longer runs."""
+    for leftover in out.parent.glob(f".{out.name}.*"):
+        match = re.fullmatch(rf"\.{re.escape(out.name)}\.(?:tmp-(\d+)-.*|old-(\d+))", leftover.name)
+        if not match or not leftover.is_dir():
+            continue
+        pid = int(match.group(1) or match.group(2))
+        if pid != os.getpid() and not _running(pid):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _move_into_place(staging: Path, out: Path) -> None:

@@ -635,6 +635,11 @@ def find_adapter(path: str | os.PathLike) -> tuple[Path, str]:
             f"adapter folder {path} does not exist - give a run's output folder or a checkpoint folder"
         )
     if (folder / "adapter_config.json").is_file():
+        if not any((folder / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")):
+            raise UserError(
+                f"{folder} holds adapter_config.json but no adapter weights (adapter_model.safetensors) - the "
+                "adapter was not copied whole, or its save was cut short: copy it again, or use another checkpoint"
+            )
         if _CHECKPOINT_RE.match(folder.name):
             return folder, f"{folder.parent.name}/{folder.name}"
         return folder, folder.name

@@ -170,3 +170,37 @@ def test_merge_on_gpu_in_bfloat16(tmp_path, tiny_adapter_dir):
     assert report.changed_modules == report.lora_modules and report.max_logit_diff <= report.tolerance
     merged = load_model(str(tmp_path / "merged"), {"dtype": "auto"})
     assert merged.device.type == "cuda" and merged.dtype == torch.bfloat16
+
+
+def test_an_adapter_without_weights_and_a_base_of_another_shape_are_one_line(tmp_path, tiny_adapter_dir):
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_adapter_dir, bare)
+    (bare / "adapter_model.safetensors").unlink()
+    with pytest.raises(UserError, match="holds adapter_config.json but no adapter weights"):
+        merge_adapter(bare, tmp_path / "out")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_adapter_dir)
+    other = tmp_path / "other-base"
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+    LlamaForCausalLM(config).save_pretrained(other)
+    tokenizer.save_pretrained(other)
+    with pytest.raises(UserError) as err:
+        merge_adapter(tiny_adapter_dir, tmp_path / "out", base=str(other))
+    message = str(err.value)
+    assert "does not fit the base model" in message and "weights of other shapes" in message
+    assert "\n" not in message and len(message) < 400
+
+
+def test_leftovers_of_killed_merges_are_removed(tmp_path, tiny_adapter_dir):
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    out = tmp_path / "merged"
+    for name in (f".merged.tmp-{dead.pid}-abc", f".merged.old-{dead.pid}"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"x" * 100)
+    merge_adapter(tiny_adapter_dir, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["merged"]
