@@ -267,6 +267,20 @@ def test_dataset_problems_are_user_errors_naming_the_column_or_file(tmp_path):
         )
 
 
+def test_a_bad_jsonl_line_and_an_empty_split_file_are_named(tmp_path):
+    good = '{"nums": [1, 2, 3], "target": 6}\n'
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(good * 10 + '{"nums": [1, 2, 3], target: 6}\n')
+    with pytest.raises(UserError, match=r"broken.jsonl: line 11: not JSON \(Expecting property name"):
+        load_task_dataset(args("countdown", dataset_name=str(broken)), "train")
+    folder = tmp_path / "splits"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text(good * 4)
+    (folder / "test.jsonl").write_text("")
+    with pytest.raises(UserError, match=r"test.jsonl is empty - each data file of a folder is a split"):
+        load_task_dataset(args("countdown", dataset_name=str(folder)), "test")
+
+
 def test_task_problems_for_the_recipe_check():
     assert task_problems(args("countdown")) == []
     assert "did you mean" in task_problems(args("gsm8kk"))[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -80,6 +81,13 @@ def _load_all(args: TaskArguments, task: Task) -> datasets.DatasetDict:
             raise UserError(f"dataset_name: file or folder '{name}' not found - check the path")
         try:
             if path.is_dir():
+                empty = [f for f in sorted(path.rglob("*")) if f.suffix.lower() in LOCAL_FORMATS and f.is_file()
+                         and f.stat().st_size == 0]
+                if empty:
+                    raise UserError(
+                        f"dataset_name: {empty[0]} is empty - each data file of a folder is a split (or part of "
+                        "one): remove it, or fill it"
+                    )
                 return datasets.load_dataset(str(path))
             builder = LOCAL_FORMATS.get(path.suffix.lower())
             if builder is None:
@@ -91,6 +99,9 @@ def _load_all(args: TaskArguments, task: Task) -> datasets.DatasetDict:
         except UserError:
             raise
         except Exception as err:  # noqa: BLE001 - datasets raises many types for unreadable files
+            bad = _first_bad_json_line(path) if path.suffix.lower() == ".jsonl" else None
+            if bad:
+                raise UserError(f"dataset_name: {name}: {bad} - each line must be one JSON object") from None
             raise UserError(f"dataset_name: cannot read '{name}' ({type(err).__name__}: {err})") from None
     try:
         return datasets.load_dataset(name, config)
@@ -101,6 +112,21 @@ def _load_all(args: TaskArguments, task: Task) -> datasets.DatasetDict:
             "(dataset_name: path/to/file.jsonl)"
             + (" or generated data (dataset_generate: N)" if task.generates else "")
         ) from None
+
+
+def _first_bad_json_line(path: Path) -> str | None:
+    """Where a JSONL file stops being JSON lines ("line 11: ..."), or None."""
+    with path.open(encoding="utf-8", errors="replace") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                return f"line {number}: not JSON ({err.msg} at column {err.colno})"
+            if not isinstance(row, dict):
+                return f"line {number}: a JSON {type(row).__name__}, not an object"
+    return None
 
 
 def _normalize_and_prompt(row: dict, task_name: str, args: TaskArguments) -> dict:
