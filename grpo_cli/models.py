@@ -549,11 +549,15 @@ def load_model(name_or_path: str, model_args=None, for_training: bool = False, a
 
 
 def damaged_weights(folder: str | os.PathLike) -> str | None:
-    """What is wrong with the first safetensors file in a local folder that cannot be opened (a header cut short, data
-    past the end of a truncated file), or None; a folder that is not local (a Hub id) is not looked at."""
+    """What is wrong with a local model, adapter or checkpoint folder's weights: an adapter's file missing, or the first
+    safetensors file that cannot be opened (a header cut short, data past the end of a truncated file); None when
+    nothing is. A name that is not a local folder (a Hub id) is not looked at."""
     root = Path(folder)
     if not root.is_dir():
         return None
+    weights = ("adapter_model.safetensors", "adapter_model.bin")
+    if (root / "adapter_config.json").is_file() and not any((root / name).is_file() for name in weights):
+        return f"{root} holds adapter_config.json but no adapter weights (adapter_model.safetensors)"
     from safetensors import safe_open
 
     for file in sorted(root.glob("*.safetensors")):
@@ -635,11 +639,6 @@ def find_adapter(path: str | os.PathLike) -> tuple[Path, str]:
             f"adapter folder {path} does not exist - give a run's output folder or a checkpoint folder"
         )
     if (folder / "adapter_config.json").is_file():
-        if not any((folder / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")):
-            raise UserError(
-                f"{folder} holds adapter_config.json but no adapter weights (adapter_model.safetensors) - the "
-                "adapter was not copied whole, or its save was cut short: copy it again, or use another checkpoint"
-            )
         if _CHECKPOINT_RE.match(folder.name):
             return folder, f"{folder.parent.name}/{folder.name}"
         return folder, folder.name
