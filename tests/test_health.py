@@ -239,3 +239,27 @@ def test_collapse_is_said_once_with_the_step_it_began():
     entropies = [0.3, 0.01, 0.01, 0.2, 0.005, 0.004, 0.003, 0.002]
     said = [line for step, e in enumerate(entropies, 1) for line in watch.update(step, {"entropy": e})]
     assert len(said) == 1 and "since step 5" in said[0]
+
+
+def test_a_rollout_drawn_from_nan_probabilities_is_a_skipped_step(tmp_path, tiny_grpo_trainer):
+    """grpo's own sampler (as on a GPU, here without CUDA graphs) on weights gone NaN: the step is named by its first
+    non-finite number, the rollout's token probabilities, and applies no update."""
+    import torch
+
+    from grpo_cli.train.health import StepGuard
+    from grpo_cli.train.rollout import StaticCacheRollout
+
+    trainer = tiny_grpo_trainer(tmp_path, [lambda completions, **kw: [float(len(c)) for c in completions]])
+    trainer.rollout_func = StaticCacheRollout()
+    guard = StepGuard(patience=0, output_dir=tmp_path)
+    guard.trainer = trainer
+    trainer.step_guard = guard
+    trainer.add_callback(guard)
+    with torch.no_grad():
+        trainer.model.model.norm.weight.fill_(float("nan"))
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert [bad.step for bad in guard.skipped] == [1, 2]
+    assert all(bad.what[0] == "rollout probabilities" for bad in guard.skipped)
+    after = dict(trainer.model.named_parameters())
+    assert all(torch.equal(before[name], after[name].detach()) or before[name].isnan().any() for name in before)

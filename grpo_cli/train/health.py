@@ -1,12 +1,12 @@
 """A healthy run: no NaN or inf reaches the weights, and a run that goes bad stops with one clear message.
 
-Every optimizer step is checked where its numbers first appear: the rewards and advantages of a GRPO batch when it
-is scored, each micro-batch's loss, and the gradients after clipping (one device sync per optimizer step, none per
-micro-batch). A step with any of them non-finite applies no update: every gradient is dropped before the optimizer
-step, so neither the weights nor the optimizer's state see it (the learning-rate schedule still advances). The step
-is named on the console at once; `nonfinite_patience` such steps in a row stop the run with exit code 2, saving
-nothing more. The weights are checked again before every checkpoint and before the final save, and a resumed
-checkpoint's weights and optimizer state when they are loaded.
+Every optimizer step is checked where its numbers first appear: the token probabilities of grpo's rollouts, the
+rewards and advantages of a GRPO batch when it is scored, each micro-batch's loss, and the gradients after clipping
+(one device sync per optimizer step, none per micro-batch). A step with any of them non-finite applies no update:
+every gradient is dropped before the optimizer step, so neither the weights nor the optimizer's state see it (the
+learning-rate schedule still advances). The step is named on the console at once; `nonfinite_patience` such steps in
+a row stop the run with exit code 2, saving nothing more. The weights are checked again before every checkpoint and
+before the final save, and a resumed checkpoint's weights and optimizer state when they are loaded.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from grpo_cli.models import first_nonfinite
 from grpo_cli.train.checkpoints import latest_checkpoint
 
 # What can go non-finite in a step, in the order the step computes it.
-STAGES = ("rewards", "advantages", "loss", "gradient norm")
+STAGES = ("rollout probabilities", "rewards", "advantages", "loss", "gradient norm")
 
 
 class NonFiniteStop(UserError):

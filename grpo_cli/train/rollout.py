@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import weakref
 from dataclasses import dataclass
 
@@ -518,11 +519,13 @@ def sample_completions(
     sampling: Sampling | None = None,
     cuda_graphs: bool = True,
     max_rows: int | None = None,
+    check_finite: bool = True,
 ) -> tuple[list[list[int]], list[list[float]]]:
     """Sample one completion per prompt: token ids up to and including the first EOS, and each token's log-prob.
 
     The prompts are sampled in consecutive parts of at most `max_rows`; on a GPU, by default, of as many as fit in
-    the memory free now (all of them when they fit).
+    the memory free now (all of them when they fit). A token drawn from non-finite probabilities raises
+    NonFiniteProbabilities (`check_finite=False`: the caller reads it from the log-probs).
     """
     import torch
 
@@ -540,6 +543,7 @@ def sample_completions(
                 sampling,
                 cuda_graphs,
                 max_rows=max_rows,
+                check_finite=check_finite,
             )
             completions += part[0]
             logprobs += part[1]
@@ -622,7 +626,7 @@ def sample_completions(
         _release_side_workspace()
     # A NaN row of probabilities still yields a token (the argmax of NaN): its log-probability is what shows it.
     finite = torch.isfinite(logprobs).all(-1)
-    if not bool(finite.all()):
+    if check_finite and not bool(finite.all()):
         raise NonFiniteProbabilities(
             f"{int((~finite).sum())} of {batch} completions drew tokens from non-finite probabilities"
         )
@@ -705,14 +709,20 @@ class StaticCacheRollout:
             completion_ids, _ = trainer._generate_single_turn(prompt_ids, images, fields, generations)
         else:
             sampling = Sampling(trainer.temperature, trainer.top_k, trainer.top_p, trainer.min_p)
-            completion_ids, _ = sample_completions(
+            completion_ids, logprobs = sample_completions(
                 _policy(trainer),
                 prompt_ids,
                 trainer.max_completion_length,
                 list(trainer.eos_token_ids),
                 trainer._tokenizer.pad_token_id,
                 sampling,
+                check_finite=False,
             )
+            if not all(math.isfinite(value) for row in logprobs for value in row):
+                guard = getattr(trainer, "step_guard", None)
+                if guard is None or not trainer.model.training:
+                    raise NonFiniteProbabilities("completions drew tokens from non-finite probabilities")
+                guard.note("rollout probabilities")  # its step applies no update, on every process alike
         # No sampling log-probs: TRL would then use them in place of its own (off-policy masks), changing the loss.
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
 
