@@ -7,7 +7,9 @@ cannot download, GRPO_TEST_TOKENIZER names a folder holding that tokenizer, save
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -156,3 +158,29 @@ def tiny_grpo_trainer(tiny_model_dir):
 
     return build
 
+
+
+def save_model_of_another_shape(tokenizer_dir: Path, out: Path) -> Path:
+    """A 2-layer Llama narrower than `tiny_model_dir` (hidden 32), with the same tokenizer: weights of other shapes."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+    LlamaForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(folder: Path, options: str):
+    """A tmpfs mounted on `folder` for the block (a small or read-only disk). It needs root, as CI and the
+    development machines run the suite; elsewhere the test that asks for it is skipped, saying so."""
+    folder.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"mounting a tmpfs ({options}) needs root: {mounted.stderr.decode().strip()[:120]}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)

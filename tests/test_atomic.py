@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import mounted_tmpfs
 
 from grpo_cli.atomic import check_writable, json_text
 from grpo_cli.errors import UserError
@@ -54,17 +55,10 @@ def test_commands_refuse_an_output_they_cannot_write_before_working(tmp_path, ti
 
 
 def test_a_read_only_output_is_refused(tmp_path, tiny_model_dir, tiny_adapter_dir):
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(locked)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip("cannot mount a read-only tmpfs here")
-    try:
+    with mounted_tmpfs(tmp_path / "locked", "ro,size=1m") as locked:
         merged = run_cli("merge", "--adapter", str(tiny_adapter_dir), "--base", str(tiny_model_dir),
                          "--output", str(locked / "merged"))
         data = run_cli("data", "countdown", "--num", "4", "--out", str(locked / "cd.jsonl"))
-    finally:
-        subprocess.run(["umount", str(locked)], check=False)
     for proc in (merged, data):
         assert proc.returncode == 2, proc.stderr
         assert "is not writable" in proc.stderr and "Traceback" not in proc.stderr

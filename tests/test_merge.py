@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import save_model_of_another_shape
 
 from grpo_cli.errors import UserError
 from grpo_cli.merge import merge_adapter
@@ -173,19 +174,12 @@ def test_merge_on_gpu_in_bfloat16(tmp_path, tiny_adapter_dir):
 
 
 def test_an_adapter_without_weights_and_a_base_of_another_shape_are_one_line(tmp_path, tiny_adapter_dir):
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
     bare = tmp_path / "bare"
     shutil.copytree(tiny_adapter_dir, bare)
     (bare / "adapter_model.safetensors").unlink()
     with pytest.raises(UserError, match="holds adapter_config.json but no adapter weights"):
         merge_adapter(bare, tmp_path / "out")
-    tokenizer = AutoTokenizer.from_pretrained(tiny_adapter_dir)
-    other = tmp_path / "other-base"
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
-    LlamaForCausalLM(config).save_pretrained(other)
-    tokenizer.save_pretrained(other)
+    other = save_model_of_another_shape(tiny_adapter_dir, tmp_path / "other-base")
     with pytest.raises(UserError) as err:
         merge_adapter(tiny_adapter_dir, tmp_path / "out", base=str(other))
     message = str(err.value)

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import mounted_tmpfs, save_model_of_another_shape
 
 from grpo_cli.errors import UserError
 from grpo_cli.launch import LAUNCHER_VARIABLES
@@ -134,9 +135,8 @@ def test_checkpoint_cut_short_is_never_resumed(tmp_path, tiny_model_dir):
     assert state(out / "checkpoint-3")["global_step"] == 3  # resumed from 2, saved a good 3
 
 
-def test_ctrl_c_saves_a_usable_checkpoint(tmp_path, tiny_model_dir):
-    """SIGINT during a run: the step finishes, a checkpoint is saved, the process exits 130; a rerun resumes."""
-    path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nlora_r: 4\n")
+def signal_a_run(path: Path, signum: int) -> tuple[int, str]:
+    """Start `grpo rl` on the recipe, send `signum` once it logged step 1, return its exit code and stderr."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "grpo_cli", "rl", "-c", str(path), "--max_steps", "50", "--save_steps", "100"],
         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -145,11 +145,17 @@ def test_ctrl_c_saves_a_usable_checkpoint(tmp_path, tiny_model_dir):
     for line in proc.stderr:
         lines.append(line)
         if "step 1/50" in line or "step  1/50" in line:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signum)
             break
     _, rest = proc.communicate(timeout=300)
-    text = "".join(lines) + rest
-    assert proc.returncode == 130, text
+    return proc.returncode, "".join(lines) + rest
+
+
+def test_ctrl_c_saves_a_usable_checkpoint(tmp_path, tiny_model_dir):
+    """SIGINT during a run: the step finishes, a checkpoint is saved, the process exits 130; a rerun resumes."""
+    path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nlora_r: 4\n")
+    code, text = signal_a_run(path, signal.SIGINT)
+    assert code == 130, text
     assert "Traceback" not in text
     saved = sorted((tmp_path / "rl").glob("checkpoint-*"))
     assert saved and state(saved[-1])["global_step"] >= 1
@@ -312,19 +318,8 @@ def test_a_folder_holding_a_model_or_other_files_is_not_written_into(tmp_path, t
 
 def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path, tiny_model_dir):
     path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nlora_r: 4\n")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "grpo_cli", "rl", "-c", str(path), "--max_steps", "50", "--save_steps", "100"],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    lines = []
-    for line in proc.stderr:
-        lines.append(line)
-        if "step 1/50" in line or "step  1/50" in line:
-            proc.send_signal(signal.SIGTERM)
-            break
-    _, rest = proc.communicate(timeout=300)
-    text = "".join(lines) + rest
-    assert proc.returncode == 143, text
+    code, text = signal_a_run(path, signal.SIGTERM)
+    assert code == 143, text
     assert "SIGTERM: saving a checkpoint" in text and "Traceback" not in text
     saved = sorted((tmp_path / "rl").glob("checkpoint-*"))
     assert saved and state(saved[-1])["global_step"] >= 1
@@ -346,18 +341,11 @@ def test_resuming_keeps_one_rollout_row_per_completion_of_each_step(tmp_path, ti
 
 
 def test_a_full_disk_is_one_message_naming_the_last_complete_checkpoint(tmp_path, tiny_model_dir):
-    disk = tmp_path / "small"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here")
-    try:
+    with mounted_tmpfs(tmp_path / "small", "size=3m") as disk:
         path = recipe_file(tmp_path, tiny_model_dir, "rl", f"use_peft: true\nlora_r: 4\noutput_dir: {disk / 'run'}\n")
         path.write_text(path.read_text().replace(f"output_dir: {tmp_path / 'rl'}\n", ""))
         with pytest.raises(UserError, match=r"out of disk space writing into .*small/run"):
             train(path, "rl", ["--max_steps", "40"])
-    finally:
-        subprocess.run(["umount", str(disk)], check=False)
 
 
 def _truncate(path: Path, size: int) -> None:
@@ -367,8 +355,6 @@ def _truncate(path: Path, size: int) -> None:
 
 def test_damaged_weights_and_another_model_are_one_message_each(tmp_path, tiny_model_dir, tiny_adapter_dir):
     import shutil
-
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     # eval of a model whose weights were cut short, and of one whose config is empty
     cut = tmp_path / "cut-model"
@@ -399,12 +385,7 @@ def test_damaged_weights_and_another_model_are_one_message_each(tmp_path, tiny_m
     # resuming from a checkpoint whose weights were cut short, and with another model
     path = recipe_file(tmp_path / "run", tiny_model_dir, "rl", "beta: 0.0\n")
     out = train(path, "rl")
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    other = tmp_path / "other-model"
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
-    LlamaForCausalLM(config).save_pretrained(other)
-    tokenizer.save_pretrained(other)
+    other = save_model_of_another_shape(tiny_model_dir, tmp_path / "other-model")
     with pytest.raises(UserError, match=r"does not fit .*other-model: its weights have other shapes"):
         train(path, "rl", ["--max_steps", "3", "--model_name_or_path", str(other)])
     _truncate(out / "checkpoint-2" / "model.safetensors", 5000)

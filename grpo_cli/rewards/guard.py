@@ -113,22 +113,14 @@ class RewardGuard:
                 if isinstance(value, (str, bytes)):
                     raise TypeError
                 number = float(value)
+                problem = None if math.isfinite(number) else f"{number} (return None where it does not apply)"
             except (TypeError, ValueError):
+                problem = f"{value!r:.60} (not a number or None)"
+            if problem:
+                preview = _preview(prompts[i] if i < len(prompts) else None, completions[i])
                 self._show_once(
                     "value",
-                    f"reward {self.spec.name} returned {value!r:.60} (not a number or None); it scores "
-                    f"{failure:g} there. Completion: {_preview(prompts[i] if i < len(prompts) else None, completions[i])}",
-                )
-                self.bad_values += 1
-                self.failures += 1
-                checked.append(failure)
-                continue
-            if not math.isfinite(number):
-                self._show_once(
-                    "non-finite",
-                    f"reward {self.spec.name} returned {number} (return None where it does not apply); it scores "
-                    f"{failure:g} there. Completion: "
-                    f"{_preview(prompts[i] if i < len(prompts) else None, completions[i])}",
+                    f"reward {self.spec.name} returned {problem}; it scores {failure:g} there. Completion: {preview}",
                 )
                 self.bad_values += 1
                 self.failures += 1

@@ -31,6 +31,7 @@ _CODE = (
     "import sys\nreference = sys.argv[1]\nsys.path[:] = sys.argv[2:]\n"
     "from grpo_cli.rewards.isolated import serve\nserve(reference)\n"
 )
+PARENT_ENV = "GRPO_REWARD_PARENT"
 RECORDED = ("log_metric", "log_extra")  # TRL's callbacks, recorded in the process and replayed here
 
 
@@ -107,7 +108,7 @@ class RewardProcess:
     def _start(self) -> None:
         self.starts += 1
         env = dict(os.environ)
-        env["GRPO_REWARD_PARENT"] = str(os.getpid())
+        env[PARENT_ENV] = str(os.getpid())
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _CODE, self.reference, *(str(p) for p in sys.path)],
             stdin=subprocess.PIPE,
@@ -168,14 +169,15 @@ class RewardProcess:
         return payload
 
 
-def _die_with_parent() -> None:
-    """On Linux, have the kernel kill this process when the one that started it ends."""
+def die_with_parent(parent_env: str) -> None:
+    """On Linux, have the kernel kill this worker process when the one that started it (its pid in the environment
+    variable `parent_env`) ends; exit now if it already has."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         return
-    parent = os.environ.get("GRPO_REWARD_PARENT", "")
+    parent = os.environ.get(parent_env, "")
     if parent.isdigit() and os.getppid() != int(parent):
         os._exit(0)
 
@@ -186,7 +188,7 @@ def serve(reference: str) -> None:
     os.dup2(2, 1)  # what the reward prints goes to stderr, not into the replies
     requests = sys.stdin.buffer.fileno()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's to handle
-    _die_with_parent()
+    die_with_parent(PARENT_ENV)
     from grpo_cli.rewards.guard import settle
     from grpo_cli.rewards.registry import resolve_reward
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import json
 import logging
 import math
@@ -38,6 +37,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from grpo_cli.rewards.isolated import die_with_parent
 from grpo_cli.tasks import answers
 from grpo_cli.tasks.answers import MAX_GOLD_CHARS, Outcome, Pair
 
@@ -51,7 +51,6 @@ HANG_SECONDS = 3.0  # at least; a pair takes at most answers.longest_comparison_
 START_SECONDS = 120.0  # for a worker to import math-verify and say it is ready
 MAX_START_FAILURES = 3  # workers that die before they are ready; then this process compares answers itself
 _READ_BYTES = 1 << 16
-_PR_SET_PDEATHSIG = 1
 # The worker imports with this process's sys.path (its arguments), so it runs the same grpo_cli and math-verify.
 _WORKER_CODE = (
     "import sys\nsys.path[:] = sys.argv[1:]\nfrom grpo_cli.rewards.math_pool import serve\nserve()\n"
@@ -457,18 +456,6 @@ def match_many(pairs: Iterable[tuple[str, str]]) -> None:
 # ------------------------------------------------------------------------------------------------ the worker
 
 
-def _die_with_parent() -> None:
-    """On Linux, have the kernel kill this worker when the process that started it ends."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        return
-    parent = os.environ.get(PARENT_ENV, "")
-    if parent.isdigit() and os.getppid() != int(parent):
-        os._exit(0)
-
-
 def serve() -> None:
     """A worker's loop: a `[ident, guess, gold]` JSON line in, `[ident, verdict]` (null: undecided) or
     `[ident, null, error]` out.
@@ -478,7 +465,7 @@ def serve() -> None:
     replies = os.dup(1)
     os.dup2(2, 1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent()
+    die_with_parent(PARENT_ENV)
     answers.warm_up()  # before saying ready: the first timed comparisons don't pay SymPy's first-use costs
     _write_all(replies, b'["ready"]\n')
     for line in sys.stdin.buffer:

@@ -73,15 +73,11 @@ class RLTrainer(GuardedSteps, GRPOTrainer):
                     "step": self.state.global_step,
                     "prompt": prompt,
                     "completion": completion,
-                    "rewards": {name: _finite(values[i]) for name, values in rewards.items()},
-                    "advantage": _finite(advantage),
+                    # NaN (a reward that did not apply) is written as null
+                    "rewards": {name: float(values[i]) for name, values in rewards.items()},
+                    "advantage": float(advantage),
                 }
                 out.write(json_text(row) + "\n")
-
-
-def _finite(value):
-    value = float(value)
-    return None if math.isnan(value) else value  # NaN (a reward that did not apply) -> null
 
 
 def conversational(reward_func):
