@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from grpo_cli.atomic import check_writable, json_text, write_jsonl, write_text
 from grpo_cli.errors import UserError
 
@@ -195,9 +197,9 @@ def model_specs(models: list[str], adapter: str | None, recipe_model: str | None
         else:
             specs.append(ModelSpec(label=name, model=name))
     labels = [s.label for s in specs]
-    for spec in specs:
-        if labels.count(spec.label) > 1:
-            spec.label = f"{spec.label} [{spec.model}]"
+    for spec, name in zip(specs, models, strict=True):
+        if labels.count(spec.label) > 1:  # e.g. checkpoint-8 of two runs: the folder each was given as
+            spec.label = f"{spec.label} ({Path(name).expanduser()})"
     return specs
 
 
@@ -460,7 +462,7 @@ def evaluate_model(
             f"all {len(rows)} prompts plus max_new_tokens {settings.max_new_tokens} exceed the context of "
             f"{spec.label} ({context} tokens) - lower --max-new-tokens (max_completion_length)"
         )
-    task_id = progress.add_task(spec.label, total=len(kept)) if progress else None
+    task_id = progress.add_task(escape(spec.label), total=len(kept)) if progress else None
 
     def advance(n: int) -> None:
         if progress is not None:
@@ -604,7 +606,7 @@ def print_summary(result: dict) -> None:
     )
     table.add_column("metric", style="bold")
     for summary in models:
-        table.add_column(summary["model"], justify="right")
+        table.add_column(escape(summary["model"]), justify="right")
 
     def pct(value):
         return "-" if value is None else f"{value:.1%}"

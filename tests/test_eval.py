@@ -111,6 +111,13 @@ def test_model_specs(tiny_model_dir, tiny_adapter_dir):
         shutil.copytree(tiny_model_dir, run / "checkpoint-3")
     (full,) = model_specs([str(run)], None, None)
     assert full == ModelSpec("full-run/checkpoint-3 (latest checkpoint, step 3)", str(run / "checkpoint-3"))
+    # checkpoint-3 of two LoRA runs both called "run": each label says which folder it is
+    twins = [tiny_adapter_dir.parent / side / "run" / "checkpoint-3" for side in ("a", "b")]
+    for twin in twins:
+        if not twin.exists():
+            shutil.copytree(tiny_adapter_dir, twin)
+    labels = [spec.label for spec in model_specs([str(t) for t in twins], None, None)]
+    assert labels == [f"run/checkpoint-3 ({t})" for t in twins]
     with pytest.raises(UserError, match="--adapter goes with one --model"):
         model_specs(["a", "b"], str(tiny_adapter_dir), None)
     with pytest.raises(UserError, match="no model to evaluate"):
