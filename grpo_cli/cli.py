@@ -340,6 +340,34 @@ def eval_(
     )
 
 
+# --- report ------------------------------------------------------------------------------------------------------
+
+
+@app.command()
+def report(
+    paths: Annotated[
+        list[str],
+        typer.Argument(
+            help="A run's output folder or checkpoint, or a `grpo eval` output folder; two runs: a baseline, then a "
+            "change, on the same axes.",
+            show_default=False,
+            metavar="PATH",
+        ),
+    ],
+    output: Annotated[
+        str | None,
+        typer.Option("--output", "-o", help="Folder for the report's PNG and Markdown (default: the last folder given)."),
+    ] = None,
+) -> None:
+    """Draw a run from its own logs (report.png, report.md) and say what they show, each finding with what to change.
+
+    Also run at the end of `grpo rl` and `grpo sft`. `grpo report RUN_A RUN_B` compares two runs; `grpo report OUTPUT_DIR/eval` shows the models of a `grpo eval` side by side.
+    """
+    from grpo_cli.report import report_run
+
+    report_run(paths, output)
+
+
 # --- tasks, data and rewards -------------------------------------------------------------------------------------
 
 
@@ -402,7 +430,9 @@ def _reward_setup(config: str, overrides: list[str]):
     from grpo_cli.recipe.show import guess_command
     from grpo_cli.rewards.scoring import setup_from_recipe
 
-    return setup_from_recipe(load_recipe(config, overrides, command=guess_command(config)))
+    recipe = load_recipe(config, overrides, command=guess_command(config))
+    recipe.apply_env()  # its env: section and model_source, before any dataset is loaded
+    return setup_from_recipe(recipe)
 
 
 @rewards_app.command("score", context_settings=EXTRA_ARGS)

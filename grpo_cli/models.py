@@ -96,8 +96,9 @@ def is_local_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
 
 
-def resolve_model(name_or_path: str) -> str:
-    """Short name -> prepared cache folder (preparing it on first use); local folders and Hub ids as they are."""
+def resolve_model(name_or_path: str, revision: str | None = None) -> str:
+    """Short name -> prepared cache folder (preparing it on first use); local folders as they are; Hub ids as they
+    are for the Hugging Face Hub, or as the local folder of their ModelScope snapshot (`grpo_cli.hub`)."""
     if not name_or_path or not str(name_or_path).strip():
         raise UserError(
             "model name is empty (key: model_name_or_path) - set it to a short name, a folder or a Hub id"
@@ -119,8 +120,12 @@ def resolve_model(name_or_path: str) -> str:
     if is_local_path(name_or_path):
         raise UserError(
             f"model folder {name_or_path} does not exist - check the path, or use a short name "
-            f"({', '.join(DEMO_MODELS)}) or a Hugging Face Hub id"
+            f"({', '.join(DEMO_MODELS)}) or a Hub id"
         )
+    from grpo_cli.hub import model_source, modelscope_snapshot
+
+    if model_source() == "modelscope":
+        return modelscope_snapshot(name_or_path, "model", revision, key="model_name_or_path")
     return name_or_path
 
 
@@ -471,7 +476,7 @@ def load_tokenizer(
     project's plain default) and a pad token."""
     from transformers import AutoTokenizer
 
-    path = resolve_model(name_or_path)
+    path = resolve_model(name_or_path, revision)
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     if revision and revision != "main":
         kwargs["revision"] = revision
@@ -529,7 +534,7 @@ def load_model(name_or_path: str, model_args=None, for_training: bool = False, a
     """Causal LM from a short name, folder or Hub id, with an optional LoRA adapter on top (eval mode unless training)."""
     from transformers import AutoModelForCausalLM
 
-    path = resolve_model(name_or_path)
+    path = resolve_model(name_or_path, _get(model_args, "model_revision"))
     kwargs = model_kwargs(model_args, for_training) if model_args is not None else {"dtype": "auto"}
     refuse_damaged(path)
     try:

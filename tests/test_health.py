@@ -12,7 +12,6 @@ import pytest
 from test_train import recipe_file, state, train
 
 from grpo_cli.errors import UserError
-from grpo_cli.train.collapse import CollapseWatch
 
 pytestmark = pytest.mark.slow
 
@@ -223,22 +222,6 @@ def test_resuming_a_checkpoint_with_nan_weights_is_refused(tmp_path, tiny_model_
     save_file(weights, str(weights_file), metadata={"format": "pt"})
     with pytest.raises(UserError, match="checkpoint resumed at step 2 .* holds non-finite weights"):
         train(path, "rl", ["--max_steps", "3"])
-
-
-def test_collapse_is_said_once_with_the_step_it_began():
-    watch = CollapseWatch(hold=3)
-    said = []
-    logs = [{"reward": 0.5, "reward_std": 0.2, "completions/clipped_ratio": 0.1, "entropy": 0.3}] * 2
-    logs += [{"reward": 0.0, "reward_std": 0.0, "completions/clipped_ratio": 1.0, "entropy": 0.3}] * 5
-    for step, entry in enumerate(logs, 1):
-        said += [(step, line) for line in watch.update(step, entry)]
-    assert len(said) == 1 and said[0][0] == 5
-    assert "collapse since step 3" in said[0][1] and "best 0.500 at step 1" in said[0][1]
-    # Entropy near zero for three logs in a row; a healthy log in between resets the count.
-    watch = CollapseWatch(hold=3)
-    entropies = [0.3, 0.01, 0.01, 0.2, 0.005, 0.004, 0.003, 0.002]
-    said = [line for step, e in enumerate(entropies, 1) for line in watch.update(step, {"entropy": e})]
-    assert len(said) == 1 and "since step 5" in said[0]
 
 
 def test_a_rollout_drawn_from_nan_probabilities_is_a_skipped_step(tmp_path, tiny_grpo_trainer):

@@ -366,3 +366,100 @@ def test_models_prepare_command_prints_the_folder(demo_tokenizer_dir):
     assert result.stdout.strip().splitlines()[-1] == str(models.demo_model_dir("smollm2-135m-instruct"))
     result = CliRunner().invoke(app, ["models", "prepare", "llama-9000"])
     assert isinstance(result.exception, UserError) and "known: smollm2-135m-instruct" in str(result.exception)
+
+
+# ------------------------------------------------------------------------------------------ ModelScope
+
+
+@pytest.fixture
+def modelscope_cache(tmp_path, tiny_model_dir, monkeypatch):
+    """MODELSCOPE_CACHE holding, in ModelScope's own layout, the tiny model as `grpo-test/tiny-llama`, again as
+    `grpo-test/tiny.v2` in the layout of modelscope before 1.38, and Countdown rows as the dataset
+    `grpo-test/countdown-rows`. GRPO_MODEL_SOURCE is restored afterwards (a recipe's model_source sets it)."""
+    from grpo_cli.tasks.countdown import write_generated
+
+    cache = tmp_path / "modelscope"
+    shutil.copytree(tiny_model_dir, cache / "models" / "grpo-test--tiny-llama" / "snapshots" / "master")
+    shutil.copytree(tiny_model_dir, cache / "models" / "grpo-test" / "tiny___v2")
+    rows = cache / "datasets" / "grpo-test--countdown-rows" / "snapshots" / "master" / "train.jsonl"
+    rows.parent.mkdir(parents=True)
+    write_generated(str(rows), 12, seed=5)
+    monkeypatch.setenv("MODELSCOPE_CACHE", str(cache))
+    monkeypatch.setenv("GRPO_MODEL_SOURCE", "huggingface")
+    return cache
+
+
+def test_modelscope_ids_resolve_to_its_cache_without_the_network(modelscope_cache, monkeypatch, tmp_path):
+    import torch
+
+    from grpo_cli.recipe.args import TaskArguments
+    from grpo_cli.tasks import load_task_dataset
+
+    monkeypatch.setenv("GRPO_MODEL_SOURCE", "modelscope")
+    snapshot = modelscope_cache / "models" / "grpo-test--tiny-llama" / "snapshots" / "master"
+    assert resolve_model("grpo-test/tiny-llama") == str(snapshot)
+    assert resolve_model("grpo-test/tiny.v2") == str(modelscope_cache / "models" / "grpo-test" / "tiny___v2")
+    assert resolve_model(str(tmp_path)) == str(tmp_path)  # local folders stay local
+    model = load_model("grpo-test/tiny-llama")
+    assert model.config.hidden_size == 64 and model.model.embed_tokens.weight.dtype == torch.float32
+    assert load_tokenizer("grpo-test/tiny-llama").pad_token is not None
+    rows = load_task_dataset(TaskArguments(task="countdown", dataset_name="grpo-test/countdown-rows"), "train")
+    assert len(rows) == 12 and {"nums", "target", "prompt"} <= set(rows.column_names)
+    monkeypatch.setenv("GRPO_MODEL_SOURCE", "huggingface")  # the same id is a Hugging Face Hub id again
+    assert resolve_model("grpo-test/tiny-llama") == "grpo-test/tiny-llama"
+    monkeypatch.setenv("GRPO_MODEL_SOURCE", "modelscop")
+    with pytest.raises(UserError, match="GRPO_MODEL_SOURCE=modelscop is not a model source"):
+        resolve_model("grpo-test/tiny-llama")
+
+
+def modelscope_recipe(tmp_path: Path, extra: str = "") -> Path:
+    path = tmp_path / "ms.yaml"
+    path.write_text(
+        "model_source: modelscope\n"
+        "model_name_or_path: grpo-test/tiny-llama\n"
+        "dataset_name: grpo-test/countdown-rows\n"
+        "dtype: float32\n"
+        "task: countdown\n"
+        f"output_dir: {tmp_path / 'run'}\n" + extra
+    )
+    return path
+
+
+def test_the_recipe_key_reaches_every_command(modelscope_cache, tmp_path):
+    from typer.testing import CliRunner
+
+    from grpo_cli.cli import app
+
+    recipe = modelscope_recipe(tmp_path)
+    result = CliRunner().invoke(app, ["check", "-c", str(recipe)])
+    assert result.exit_code == 0, result.output
+    assert "Hub ids from ModelScope" in result.output
+    result = CliRunner().invoke(app, ["rewards", "test", "-c", str(recipe), "--rows", "3"])
+    assert result.exit_code == 0, result.output  # rows read from ModelScope's snapshot
+    out = tmp_path / "eval"
+    args = ["eval", "-c", str(recipe), "--split", "train", "--limit", "2", "--max-new-tokens", "3", "-o", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    (summary,) = json.loads((out / "summary.json").read_text())["models"]
+    assert summary["model"] == "grpo-test/tiny-llama" and summary["num_prompts"] == 2
+
+
+def test_a_missing_modelscope_package_is_named_by_the_check(modelscope_cache, tmp_path, monkeypatch):
+    import sys
+
+    from grpo_cli.recipe import check_recipe, load_recipe
+
+    monkeypatch.setitem(sys.modules, "modelscope", None)  # as if it were not installed: find_spec gives None
+    recipe = modelscope_recipe(tmp_path)
+    with pytest.raises(UserError) as caught:
+        check_recipe(load_recipe(str(recipe)))
+    (problem,) = caught.value.problems
+    assert problem.startswith(f"{recipe}:1: model_source: modelscope needs the modelscope package")
+    assert "pip install 'grpo-cli[modelscope]'" in problem
+    monkeypatch.setenv("GRPO_MODEL_SOURCE", "modelscope")
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(f"model_name_or_path: grpo-test/tiny-llama\noutput_dir: {tmp_path / 'plain'}\n")
+    with pytest.raises(UserError, match="GRPO_MODEL_SOURCE=modelscope needs the modelscope package"):
+        check_recipe(load_recipe(str(plain)))
+    with pytest.raises(UserError, match="needs the modelscope package"):
+        resolve_model("grpo-test/tiny-llama")

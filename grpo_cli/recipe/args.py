@@ -60,6 +60,19 @@ class TaskArguments:
 
 
 @dataclass
+class HubArguments:
+    """Where the Hub ids of `model_name_or_path` and `dataset_name` are downloaded from."""
+
+    model_source: Literal["huggingface", "modelscope"] = field(
+        default="huggingface",
+        metadata={
+            "help": "Hub of model and dataset ids: huggingface, or modelscope (needs `pip install "
+            "'grpo-cli[modelscope]'`; its cache is MODELSCOPE_CACHE). Unset: GRPO_MODEL_SOURCE, else huggingface."
+        },
+    )
+
+
+@dataclass
 class RewardArguments:
     """Which rewards score completions (weights are GRPOConfig's `reward_weights`)."""
 
@@ -145,6 +158,7 @@ class HealthArguments:
 
 OWN_ARGUMENTS = {
     "task": TaskArguments,
+    "hub": HubArguments,
     "reward": RewardArguments,
     "tracking": TrackingArguments,
     "memory": MemoryArguments,

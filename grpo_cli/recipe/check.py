@@ -209,9 +209,11 @@ def check_recipe(
     recipe: Recipe, num_processes: int = 1, accelerate_config: dict | None = None, problems: list[str] | None = None
 ) -> Plan:
     """Check what a single key can't tell; raise UserError with every problem (and those given), or return the plan."""
+    from grpo_cli.hub import source_problems
     from grpo_cli.tasks import task_problems
 
     problems = list(problems or []) + _file_problems(recipe) + _located(recipe, task_problems(recipe.task))
+    problems += _located(recipe, source_problems(recipe.values.get("model_source")))
     values = _value_problems(recipe)
     problems += values + _output_problems(recipe)
     batch_keys = ("`per_device_train_batch_size`", "`num_generations`", "`gradient_accumulation_steps`")
@@ -248,7 +250,11 @@ def build_plan(recipe: Recipe, num_processes: int, accelerate_config: dict | Non
         dataset = f"{task.dataset_name or default} [{task.dataset_train_split}]"
     if task.max_samples:
         dataset += f", first {task.max_samples} rows"
+    from grpo_cli.hub import model_source
+
     model = v["model_name_or_path"] or "?"
+    if (recipe.values.get("model_source") or model_source()) == "modelscope":
+        model += "  (Hub ids from ModelScope)"
     if v.get("use_peft"):
         model += f"  (LoRA r={v.get('lora_r')}, alpha={v.get('lora_alpha')})"
     if v.get("load_in_4bit"):

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from grpo_cli.errors import UserError
+from grpo_cli.hub import SOURCE_VARIABLE
 from grpo_cli.recipe import schema
 from grpo_cli.recipe.args import (
     HealthArguments,
@@ -106,8 +107,11 @@ class Recipe:
         return self._build(GRPOConfig if self.command == "rl" else SFTConfig)
 
     def apply_env(self) -> None:
-        """Set the recipe's `env:` section in the environment, as TrlParser does."""
+        """Set the recipe's `env:` section in the environment, as TrlParser does, and its `model_source`, which every
+        look-up of a Hub id reads from there (`grpo_cli.hub`)."""
         os.environ.update(self.env)
+        if self.values.get("model_source"):
+            os.environ[SOURCE_VARIABLE] = self.values["model_source"]
 
     def to_yaml(self) -> str:
         """The resolved recipe as YAML (what a rerun with the same settings needs)."""

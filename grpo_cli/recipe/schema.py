@@ -122,6 +122,7 @@ def read_live() -> dict:
             "model": model,
             "training": _fields(config),
             "task": own["task"],
+            "hub": own["hub"],
             "tracking": own["tracking"],
             "health": own["health"],
         }

@@ -169,6 +169,7 @@ class CountdownTask(Task):
     default_dataset = "Jiayi-Pan/Countdown-Tasks-3to4"
     answer_columns = ("nums", "target")
     default_rewards = ("countdown_format", "countdown_equation")
+    accuracy_rewards = ("countdown_equation",)
     default_system_prompt = SYSTEM_PROMPT
     default_prefill = PREFILL
 

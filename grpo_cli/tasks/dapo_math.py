@@ -81,6 +81,7 @@ class DapoMathTask(Task):
     answer_columns = ("solution",)
     question_column = "problem"
     default_rewards = ("dapo_format_exact", "dapo_format_approx", "dapo_answer", "dapo_numbers")
+    accuracy_rewards = ("dapo_answer", "dapo_numbers")
     default_system_prompt = SYSTEM_PROMPT
     default_prefill = REASONING_START
 

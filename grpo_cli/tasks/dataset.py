@@ -103,11 +103,17 @@ def _load_all(args: TaskArguments, task: Task) -> datasets.DatasetDict:
             if bad:
                 raise UserError(f"dataset_name: {name}: {bad} - each line must be one JSON object") from None
             raise UserError(f"dataset_name: cannot read '{name}' ({type(err).__name__}: {err})") from None
+    from grpo_cli.hub import model_source, modelscope_snapshot
+
+    hub, source = "the Hugging Face Hub", name
+    if model_source() == "modelscope":
+        source = modelscope_snapshot(name, "dataset", key="dataset_name")  # its files, loaded as a local folder
+        hub = f"ModelScope (its snapshot in {source})"
     try:
-        return datasets.load_dataset(name, config)
+        return datasets.load_dataset(source, config)
     except Exception as err:  # noqa: BLE001 - offline, unknown id, gated, wrong config: all the user's to fix
         raise UserError(
-            f"dataset_name: cannot load '{name}'{f' (config {config})' if config else ''} from the Hugging Face Hub "
+            f"dataset_name: cannot load '{name}'{f' (config {config})' if config else ''} from {hub} "
             f"({type(err).__name__}: {str(err)[:300]}) - check the id, or use a local .jsonl/.parquet file "
             "(dataset_name: path/to/file.jsonl)"
             + (" or generated data (dataset_generate: N)" if task.generates else "")

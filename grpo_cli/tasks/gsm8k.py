@@ -94,6 +94,7 @@ class Gsm8kTask(Task):
         "gsm8k_int",
         "gsm8k_correctness",
     )
+    accuracy_rewards = ("gsm8k_correctness",)
     default_system_prompt = SYSTEM_PROMPT
 
     def column_problems(self, row: dict, columns: tuple[str, ...] | None = None) -> list[str]:

@@ -39,6 +39,9 @@ class Task:
     answer_columns: tuple[str, ...] = ()
     question_column: str = ""
     default_rewards: tuple[str, ...] = ()
+    # Rewards whose top score means a correct answer, by preference: `grpo report` draws the share at the top as
+    # the run's accuracy.
+    accuracy_rewards: tuple[str, ...] = ()
     default_system_prompt: str = ""
     default_prefill: str = ""
 

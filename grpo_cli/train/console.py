@@ -32,9 +32,9 @@ from rich.progress import (
 from rich.text import Text
 
 from grpo_cli.console import console as shared_console
+from grpo_cli.diagnosis import FindingWatch, is_training_log
+from grpo_cli.diagnosis import finite_number as _get
 from grpo_cli.recipe.args import TrackingArguments
-from grpo_cli.train.collapse import CollapseWatch
-from grpo_cli.train.collapse import finite_number as _get
 
 # ------------------------------------------------------------------------------------------------ library noise
 
@@ -319,7 +319,8 @@ class SampleSchedule:
 
 class _RunConsole:
     """Console of a training run: a progress bar with ETA (a plain line per log when stderr is not a terminal),
-    one metrics line per log, and every `sample_every` steps `sample_count` GRPO completions with their rewards.
+    one metrics line per log, every `sample_every` steps `sample_count` GRPO completions with their rewards, and each
+    finding of `grpo_cli.diagnosis` once, when it first holds.
 
     Set `.trainer` after building the trainer to get samples. Only the main process prints.
     """
@@ -329,8 +330,10 @@ class _RunConsole:
         tracking: TrackingArguments | None = None,
         console: Console | None = None,
         live: bool | None = None,
+        values: dict | None = None,
     ):
-        """Samples as `tracking` says; print on `console` (the shared stderr one), live bar when it is a terminal."""
+        """Samples as `tracking` says; print on `console` (the shared stderr one), live bar when it is a terminal;
+        `values` (the recipe's) fill the findings' suggestions."""
         tracking = tracking or TrackingArguments()
         self.console = console or shared_console
         self.live = (self.console.is_terminal and not self.console.is_dumb_terminal) if live is None else live
@@ -348,7 +351,7 @@ class _RunConsole:
         self._last_logs: dict[str, Any] = {}
         self._best: tuple[float, int] | None = None
         self._runtime: float | None = None
-        self.collapse = CollapseWatch()
+        self.findings = FindingWatch(dict(values or {}))
         self.guard = None  # the run's StepGuard, if any: a run it stopped does not end with "done"
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -357,6 +360,8 @@ class _RunConsole:
         self._max_steps = int(state.max_steps or 0)
         self._start_step = int(state.global_step or 0)
         self._started = self._last_step_end = time.monotonic()
+        # A resumed run's earlier logs, so that a finding names the step it began even before the resume.
+        self.findings.history = [dict(e) for e in state.log_history or [] if "step" in e and is_training_log(e)]
 
     def on_step_begin(self, args, state, control, **kwargs):
         # Start the bar here, not at train begin, so that what other callbacks print then (SwanLab) comes first.
@@ -416,8 +421,8 @@ class _RunConsole:
                 f" | {_duration(time.monotonic() - self._started)} elapsed, eta {_duration(self.eta(step))}"
             )
         self.console.print(Text(line), soft_wrap=True)
-        for finding in self.collapse.update(step, logs):
-            self.console.print(Text(f"step {step}: {finding}", style="bold yellow"), soft_wrap=True)
+        for finding in self.findings.update(step, logs):
+            self.console.print(Text(finding.line, style="bold yellow"), soft_wrap=True)
         if self.trainer is not None and getattr(self.trainer, "_logs", None) and self.samples.due(step):
             self.show_samples(step)
 

@@ -110,9 +110,11 @@ def _training_sets_the_peak(recipe: Recipe) -> str | None:
     values = recipe.resolved()
     if not values.get("gradient_checkpointing"):
         return None
+    from grpo_cli.models import resolve_model
+
     try:
         config = AutoConfig.from_pretrained(
-            values["model_name_or_path"],
+            resolve_model(values["model_name_or_path"], values.get("model_revision")),
             revision=values.get("model_revision"),
             trust_remote_code=bool(values.get("trust_remote_code")),
         )
@@ -155,7 +157,7 @@ class TrainingRun:
             trust_remote_code=bool(getattr(self.args, "trust_remote_code", False)),
         )
         self.stop = GracefulStop()
-        self.console = RunConsole(recipe.tracking)
+        self.console = RunConsole(recipe.tracking, values=recipe.resolved())
         health = recipe.health
         self.guard = None
         if health.nonfinite_guard:
@@ -191,6 +193,8 @@ class TrainingRun:
         callbacks = [self.console, self.stop] + ([self.guard] if self.guard else [])
         name = self.args.run_name or self.output_dir.name
         tracker = swanlab_callback(self.recipe.tracking, str(self.output_dir), name, self.recipe.values)
+        if tracker is not None:
+            tracker.findings = self.console.findings  # what the console says of the run goes to SwanLab too
         return callbacks + ([tracker] if tracker else [])
 
     def train(self, trainer) -> Path:
@@ -224,6 +228,7 @@ class TrainingRun:
             self.stop.uninstall()
         if self.guard is not None and self.guard.stopped:
             self._write_summary(trainer, None)
+            self._report(trainer)
             raise NonFiniteStop(self.guard.stopped)
         if self.guard is not None and self.guard.skipped and trainer.accelerator.is_main_process:
             steps = ", ".join(str(bad.step) for bad in self.guard.skipped[:10])
@@ -246,7 +251,26 @@ class TrainingRun:
             raise UserError(disk_full_problem(self.output_dir)) from None
         if trainer.accelerator.is_main_process:
             console.print(f"[bold green]saved[/] {self.output_dir}")
+        self._report(trainer)
         return self.output_dir
+
+    def _report(self, trainer) -> None:
+        """`grpo report` of the finished run; a report that cannot be drawn is a one-line warning, never a failure."""
+        if not trainer.accelerator.is_main_process:
+            return
+        try:
+            from grpo_cli.report import report_run
+
+            report_run([self.output_dir])
+        except Exception as err:  # noqa: BLE001 - the run is saved: a report problem must not fail it
+            from rich.markup import escape
+
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            console.print(
+                f"[yellow]warning:[/] {escape(f'no report drawn ({type(err).__name__}: {first[:200]})')} - the run "
+                f"is saved; {escape(f'`grpo report {self.output_dir}`')} tries again",
+                soft_wrap=True,
+            )
 
     def _write_summary(self, trainer, metrics: dict | None) -> None:
         peaks = _peak_gpu_memory(trainer)

@@ -1,7 +1,8 @@
 """Experiment tracking with SwanLab, through swanlab's own transformers callback.
 
 TRL's logged metrics (reward and per-reward means, reward std, completion lengths, KL, learning rate, loss) reach
-SwanLab through the callback's `on_log`; we add the recipe as the run's config and a few sample completions as text.
+SwanLab through the callback's `on_log`; we add the recipe as the run's config, a few sample completions as text, and
+each finding of the run's diagnosis as text when it first holds.
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ def _callback_class() -> type:
     from swanlab.integration.transformers import SwanLabCallback
 
     class RunTracker(SwanLabCallback):
-        """SwanLabCallback plus the recipe as config, sample completions as text, and the run closed at train end."""
+        """SwanLabCallback plus the recipe as config, sample completions and findings as text, and the run closed at
+        train end. Set `.findings` to the console's FindingWatch to log what it says."""
 
         def __init__(self, *, recipe: dict, sample_every: int, sample_count: int, **kwargs: Any):
             super().__init__(**kwargs)
@@ -121,6 +123,8 @@ def _callback_class() -> type:
             self.samples = SampleSchedule(sample_every)
             self.sample_count = sample_count
             self.trainer = None
+            self.findings = None  # the console's FindingWatch: it says each finding once; we log what it said
+            self._findings_logged = 0
             self.logdir = kwargs["log_dir"]
             self.mode = kwargs["mode"]
 
@@ -137,6 +141,12 @@ def _callback_class() -> type:
 
         def on_log(self, args, state, control, model=None, logs=None, **kwargs):
             super().on_log(args, state, control, model=model, logs=logs, **kwargs)
+            if self.findings is not None and self._can_log(state):
+                new = self.findings.said[self._findings_logged :]
+                self._findings_logged = len(self.findings.said)
+                if new:
+                    texts = [swanlab.Text(f.line, caption=f.name) for f in new]
+                    self._log({"diagnosis/findings": texts}, self._get_step(state))
             rollout = getattr(self.trainer, "_logs", None)
             if not logs or not rollout or not self._can_log(state) or "train_runtime" in logs:
                 return

@@ -1,0 +1,107 @@
+"""Where Hub ids of models and datasets come from: the Hugging Face Hub (transformers and datasets fetch those
+themselves) or ModelScope, whose snapshots are fetched here, through the `modelscope` package, into its own cache
+(MODELSCOPE_CACHE, default ~/.cache/modelscope) and then loaded as local folders.
+
+The recipe key `model_source`, or GRPO_MODEL_SOURCE when the recipe leaves it unset, picks the source for every
+command. A snapshot already complete in the cache is used without the network.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+from grpo_cli.errors import UserError
+
+SOURCES = ("huggingface", "modelscope")
+SOURCE_VARIABLE = "GRPO_MODEL_SOURCE"
+INSTALL = "pip install 'grpo-cli[modelscope]'"
+_WEIGHTS = (".safetensors", ".bin")
+
+_resolved: dict[tuple, str] = {}  # one look-up per id and process: tokenizer, config and model share it
+
+
+def model_source() -> str:
+    """The source of Hub ids for this process: GRPO_MODEL_SOURCE (a recipe's `model_source` sets it), else huggingface."""
+    value = os.environ.get(SOURCE_VARIABLE, "").strip().lower() or "huggingface"
+    if value not in SOURCES:
+        raise UserError(f"{SOURCE_VARIABLE}={value} is not a model source - set it to huggingface or modelscope")
+    return value
+
+
+def source_problems(recipe_value: str | None = None) -> list[str]:
+    """What stops the chosen source from working, found without loading anything: an unknown GRPO_MODEL_SOURCE, or
+    ModelScope without its package."""
+    try:
+        source = recipe_value or model_source()
+    except UserError as err:
+        return err.problems
+    if source == "modelscope" and importlib.util.find_spec("modelscope") is None:
+        where = "model_source: modelscope" if recipe_value else f"{SOURCE_VARIABLE}=modelscope"
+        return [f"{where} needs the modelscope package, which is not installed - {INSTALL}, or use model_source: huggingface"]
+    return []
+
+
+def _complete_model(folder: Path) -> bool:
+    """A model snapshot with its config and every weight file its index names (a download cut short has not)."""
+    if not (folder / "config.json").is_file():
+        return False
+    for index in folder.glob("*.index.json"):
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values())
+        except (OSError, ValueError, AttributeError):
+            return False
+        if not all((folder / shard).is_file() for shard in shards):
+            return False
+    return any(path.suffix in _WEIGHTS for path in folder.iterdir())
+
+
+def _complete(folder: Path, kind: str) -> bool:
+    if not folder.is_dir():
+        return False
+    if kind == "model":
+        return _complete_model(folder)
+    return any(path.is_file() for path in folder.rglob("*"))
+
+
+def modelscope_snapshot(repo_id: str, kind: str = "model", revision: str | None = None, key: str = "") -> str:
+    """The local folder of a ModelScope model or dataset (`kind`): from its cache when complete there, else downloaded.
+
+    `key` names the recipe key in messages (model_name_or_path, dataset_name).
+    """
+    if problems := source_problems("modelscope"):
+        raise UserError(*problems)
+    revision = None if revision in (None, "", "main") else revision  # main: Hugging Face's default; ModelScope's is master
+    cache_key = (kind, repo_id, revision, os.environ.get("MODELSCOPE_CACHE"))
+    if cache_key in _resolved:
+        return _resolved[cache_key]
+    from modelscope import snapshot_download
+
+    repo_type = "dataset" if kind == "dataset" else "model"
+    try:
+        cached = snapshot_download(repo_id=repo_id, repo_type=repo_type, revision=revision, local_files_only=True)
+    except Exception:  # noqa: BLE001 - not in the cache (modelscope raises its own types): download it below
+        cached = None
+    if cached and _complete(Path(cached), kind):
+        _resolved[cache_key] = str(cached)
+        return str(cached)
+    try:
+        folder = snapshot_download(repo_id=repo_id, repo_type=repo_type, revision=revision)
+    except Exception as err:  # noqa: BLE001 - offline, unknown id, no access: all the user's to fix
+        first = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+        where = f"{key}: " if key else ""
+        raise UserError(
+            f"{where}cannot get the {kind} {repo_id} from ModelScope ({type(err).__name__}: {first}) - check the id and "
+            f"the network (ModelScope's cache: {os.environ.get('MODELSCOPE_CACHE') or '~/.cache/modelscope'}), or "
+            "use model_source: huggingface"
+        ) from None
+    if not _complete(Path(folder), kind):
+        raise UserError(
+            f"{key + ': ' if key else ''}the ModelScope {kind} {repo_id} downloaded to {folder} holds no "
+            + ("config.json and weights" if kind == "model" else "files")
+            + " - check the id"
+        )
+    _resolved[cache_key] = str(folder)
+    return str(folder)
