@@ -156,6 +156,27 @@ class HealthArguments:
     )
 
 
+@dataclass
+class SamplingArguments:
+    """Which generated groups (the completions of one prompt) `grpo rl` trains on."""
+
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={
+            "help": "Drop every group whose completions all got the same reward (no advantage, no gradient) and fill "
+            "the batch with groups of fresh prompts, generated in extra rounds (DAPO's dynamic sampling). Works on "
+            "each generation batch, so with any `steps_per_generation` and `num_iterations`."
+        },
+    )
+    dynamic_sampling_max_rounds: int = field(
+        default=3,
+        metadata={
+            "help": "At most this many extra generation rounds per generation batch; a batch still short is filled "
+            "with dropped groups (said once on the console)."
+        },
+    )
+
+
 OWN_ARGUMENTS = {
     "task": TaskArguments,
     "hub": HubArguments,
@@ -163,4 +184,5 @@ OWN_ARGUMENTS = {
     "tracking": TrackingArguments,
     "memory": MemoryArguments,
     "health": HealthArguments,
+    "sampling": SamplingArguments,
 }

@@ -110,6 +110,7 @@ VALUE_RULES = {
     "temperature": (_finite_at_least(0.0, above=True), "a finite number above 0"),
     "reward_timeout": (_finite_at_least(0.0, above=True), "a number of seconds above 0"),
     "nonfinite_patience": (_int_at_least(0), "a whole number of at least 0 (0: never stop)"),
+    "dynamic_sampling_max_rounds": (_int_at_least(1), "a whole number of at least 1"),
     "max_steps": (
         lambda v: isinstance(v, int) and (v > 0 or v == -1),
         "a whole number above 0, or -1 for `num_train_epochs`",
@@ -178,6 +179,14 @@ def _batch_problems(recipe: Recipe, num_processes: int) -> list[str]:
             f"by `num_generations` ({num_generations}) - make per_device_train_batch_size x processes x "
             f"gradient_accumulation_steps a multiple of {num_generations}"
         )
+    elif num_generations >= 2 and values.get("dynamic_sampling") and (gen_batch // num_processes) % num_generations:
+        # Each process keeps or drops the groups it holds: a group split between two processes could be neither.
+        problems.append(
+            f"{recipe.where('dynamic_sampling')}: `dynamic_sampling` keeps or drops whole groups on each process, and "
+            f"each of the {num_processes} processes holds {gen_batch // num_processes} completions of the generation "
+            f"batch, not a multiple of `num_generations` ({num_generations}) - make {_per_process_formula(values)} "
+            f"a multiple of {num_generations}, or set `dynamic_sampling: false`"
+        )
     return problems
 
 
@@ -186,6 +195,13 @@ def _batch_formula(values: dict, num_processes: int) -> str:
         return "generation_batch_size"
     steps = values.get("steps_per_generation") or values.get("gradient_accumulation_steps")
     return f"{values.get('per_device_train_batch_size')} per device x {num_processes} processes x {steps} steps"
+
+
+def _per_process_formula(values: dict) -> str:
+    if values.get("generation_batch_size") is not None:
+        return "generation_batch_size / processes"
+    steps = "steps_per_generation" if values.get("steps_per_generation") else "gradient_accumulation_steps"
+    return f"per_device_train_batch_size x {steps}"
 
 
 def _reward_problems(recipe: Recipe) -> list[str]:
@@ -283,6 +299,10 @@ def build_plan(recipe: Recipe, num_processes: int, accelerate_config: dict | Non
              + f"{v.get('max_completion_length')} tokens"),
             ("algorithm", f"loss {v.get('loss_type')}, beta {v.get('beta')}, lr {lr}"),
         ]
+        if v.get("dynamic_sampling"):
+            rounds = v.get("dynamic_sampling_max_rounds")
+            refill = f"groups whose completions all score the same are refilled from fresh prompts, up to {rounds}"
+            rows.append(("dynamic sampling", f"{refill} extra generation rounds per batch"))
     else:
         rows += [
             ("effective batch", f"{batch} sequences per optimizer step"),

@@ -25,6 +25,7 @@ from grpo_cli.recipe.args import (
     HealthArguments,
     MemoryArguments,
     RewardArguments,
+    SamplingArguments,
     TaskArguments,
     TrackingArguments,
 )
@@ -93,6 +94,10 @@ class Recipe:
     @property
     def health(self) -> HealthArguments:
         return self._build(HealthArguments)
+
+    @property
+    def sampling(self) -> SamplingArguments:
+        return self._build(SamplingArguments)
 
     def model_config(self):
         """TRL's ModelConfig for this recipe (imports trl)."""

@@ -129,6 +129,7 @@ def read_live() -> dict:
         if command == "rl":
             groups["reward"] = own["reward"]
             groups["memory"] = own["memory"]  # for sft, SFTConfig has the same key
+            groups["sampling"] = own["sampling"]
             for name, choices in RL_CHOICES.items():
                 groups["training"][name]["choices"] = choices
         keys: dict[str, dict] = {}

@@ -193,6 +193,7 @@ def metrics_line(
             ("std", "reward_std", "{:.2f}"),
             ("len", "completions/mean_length", "{:>3.0f}"),
             ("clip", "completions/clipped_ratio", "{:.2f}"),
+            ("dropped", "dynamic_sampling/dropped_share", "{:.2f}"),
         ):
             if (value := _get(logs, key)) is not None:
                 parts.append(f"{label} {fmt.format(value)}")

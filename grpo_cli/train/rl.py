@@ -14,7 +14,11 @@ from pathlib import Path
 from trl import GRPOTrainer
 
 from grpo_cli.atomic import json_text
+from grpo_cli.console import console
+from grpo_cli.errors import UserError
 from grpo_cli.recipe import Recipe, reward_names
+from grpo_cli.recipe.args import SamplingArguments
+from grpo_cli.train.dynamic_sampling import FreshPrompts, choose, flat_groups, is_short, merge, prompt_key
 from grpo_cli.train.health import GuardedSteps, NonFiniteStop
 from grpo_cli.train.lm_head import use_lean_lm_head
 from grpo_cli.train.memory import explains_out_of_memory
@@ -24,12 +28,96 @@ from grpo_cli.train.run import TrainingRun
 
 
 class RLTrainer(GuardedSteps, GRPOTrainer):
-    """GRPOTrainer that checks each scored batch for non-finite numbers (the run's `StepGuard`) and appends every
-    scored rollout (prompt, completion, rewards, advantage) to a JSONL file."""
+    """GRPOTrainer that checks each scored batch for non-finite numbers (the run's `StepGuard`), appends every
+    scored rollout (prompt, completion, rewards, advantage) to a JSONL file, and with `sampling.dynamic_sampling`
+    trains only on groups whose completions got different rewards (`grpo_cli.train.dynamic_sampling`)."""
 
     rollouts_path: Path | None = None
+    sampling: SamplingArguments | None = None
+    _last_rewards = None  # the latest scored batch's rewards, gathered from every process
+    _said_short = False
 
     def _generate_and_score_completions(self, inputs):
+        output = self._score(inputs)
+        if self.sampling is not None and self.sampling.dynamic_sampling and self.model.training:
+            output = self._sample_dynamically(inputs, output)
+        return output
+
+    def _calculate_rewards(self, *args, **kwargs):
+        rewards = super()._calculate_rewards(*args, **kwargs)
+        self._last_rewards = rewards
+        return rewards
+
+    def _flat_groups(self) -> list[bool]:
+        return flat_groups(self._last_rewards, self.reward_weights, self.num_generations, self.multi_objective_aggregation)
+
+    def _sample_dynamically(self, inputs: list[dict], output: dict) -> dict:
+        """Drop the flat groups of a scored generation batch and refill it from fresh prompts' groups."""
+        n, processes, process = self.num_generations, self.accelerator.num_processes, self.accelerator.process_index
+        if len(inputs) % n:
+            raise UserError(
+                f"`dynamic_sampling` keeps or drops whole groups on each process, and this process holds "
+                f"{len(inputs)} completions, not a multiple of `num_generations` ({n}) - make "
+                "per_device_train_batch_size x gradient_accumulation_steps a multiple of it"
+            )
+        groups = len(inputs) // n
+        batches, flat = [output], [self._flat_groups()]
+        metrics = self._metrics["train"]
+        if not any(flat[0]):
+            metrics["dynamic_sampling/dropped_share"].append(0.0)
+            metrics["dynamic_sampling/rounds"].append(0.0)
+            metrics["dynamic_sampling/filled_share"].append(0.0)
+            return output
+        fresh = None
+        while len(batches) <= self.sampling.dynamic_sampling_max_rounds and is_short(flat, processes, groups):
+            if fresh is None:
+                # seeded by the generation batch's place in the run, so a resumed run draws the same prompts
+                step = [self.args.seed, self.state.global_step, self._step % self.args.gradient_accumulation_steps]
+                seen = {prompt_key(prompt) for prompt in self._logs["prompt"]}  # this batch's, from every process
+                fresh = FreshPrompts(self._fresh_dataset(), step, seen)
+            drawn = fresh.take(groups * processes)[process * groups : (process + 1) * groups]
+            batches.append(self._score([dict(row) for row in drawn for _ in range(n)]))
+            flat.append(self._flat_groups())
+        choice = choose(flat, process, groups)
+        per_sequence = frozenset()
+        if str(getattr(self, "vllm_importance_sampling_mode", "")).startswith("sequence"):
+            per_sequence = frozenset({"importance_sampling_ratio"})
+        merged = merge(batches, choice.picks, n, self._tokenizer.pad_token_id, self.pad_to_multiple_of, per_sequence)
+        loss_mask = merged["completion_mask"] * merged["tool_mask"] if "tool_mask" in merged else merged["completion_mask"]
+        merged["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        rounds = len(batches) - 1
+        filled = sum(choose(flat, p, groups).filled for p in range(processes))
+        metrics["dynamic_sampling/dropped_share"].append(sum(map(sum, flat)) / (len(flat) * groups * processes))
+        metrics["dynamic_sampling/rounds"].append(float(rounds))
+        metrics["dynamic_sampling/filled_share"].append(filled / (groups * processes))
+        if filled and not self._said_short and self.accelerator.is_main_process:
+            self._said_short = True
+            console.print(
+                f"[yellow]dynamic sampling: after {rounds} extra generation round{'s' * (rounds != 1)}, {filled} of "
+                f"{groups * processes} groups of the batch at step {self.state.global_step + 1} still gave all their "
+                "completions the same reward; dropped groups fill the batch (they add no gradient) - raise "
+                "`dynamic_sampling_max_rounds`, or train on prompts nearer the model's level (said once; "
+                "`dynamic_sampling/filled_share` in the logs counts them)[/]",
+                soft_wrap=True,
+            )
+        return merged
+
+    def _fresh_dataset(self):
+        """The training set as the train dataloader reads it, for drawing fresh prompts by index."""
+        import datasets
+
+        if getattr(self, "_fresh_rows", None) is not None:
+            return self._fresh_rows
+        if not isinstance(self.train_dataset, datasets.Dataset):
+            raise UserError(
+                "`dynamic_sampling` draws fresh prompts by index, and this training set is a streaming dataset - "
+                "load it as a regular dataset, or set `dynamic_sampling: false`"
+            )
+        self._fresh_rows = self._remove_unused_columns(self.train_dataset, description="training")
+        return self._fresh_rows
+
+    def _score(self, inputs):
+        """The parent's generation and scoring of `inputs`, with the guard's check and the rollouts file."""
         before = len(self._logs["advantages"])
         try:
             output = super()._generate_and_score_completions(inputs)
@@ -120,6 +208,7 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
             callbacks=run.callbacks(),
             rollout_func=static_rollout(run.args, model),  # None: TRL's own generation
         )
+    trainer.sampling = recipe.sampling
     if recipe.memory.activation_offloading:
         LayerInputOffload(trainer.model)  # lives in the hooks it puts on the model
     if trainer.accelerator.is_main_process:
