@@ -291,7 +291,7 @@ class _Decoder:
         q = q.reshape(batch, self.kv_heads, groups, self.head_dim)
         keys, values = self.keys[i][:, :, :kv_len], self.values[i][:, :, :kv_len]
         out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
-        return out.view(batch, self.heads, 1, self.head_dim)
+        return out.reshape(batch, self.heads, 1, self.head_dim)  # SDPA may return it strided
 
     def stack_projections(self) -> None:
         """Make the decode steps' q/k/v one matrix product per layer (`_stacked_qkv`). Called after the prefill, so the
