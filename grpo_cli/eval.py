@@ -514,9 +514,8 @@ def run_eval(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from grpo_cli.console import console
-    from grpo_cli.recipe import load_recipe, reward_names
+    from grpo_cli.recipe import load_recipe, reward_funcs
     from grpo_cli.recipe.show import guess_command
-    from grpo_cli.rewards import build_reward_funcs
     from grpo_cli.tasks import get_task, load_task_dataset
 
     problems = []
@@ -559,14 +558,13 @@ def run_eval(
     task = get_task(recipe.task.task)
     data = load_task_dataset(recipe.task, settings.split, seed=settings.seed)
     rows = [data[i] for i in range(min(len(data), limit or len(data)))]
-    base_dir = str(recipe.path.parent) if recipe.path else None
-    reward_funcs = build_reward_funcs(reward_names(recipe), recipe.reward.reward_timeout, base_dir)
+    rewards = reward_funcs(recipe)
 
     summaries, all_samples = [], []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         for spec in specs:
-            summary, samples = evaluate_model(spec, recipe, rows, task, reward_funcs, settings, progress)
+            summary, samples = evaluate_model(spec, recipe, rows, task, rewards, settings, progress)
             summaries.append(summary)
             all_samples.extend(samples)
 

@@ -300,3 +300,32 @@ def test_many_unknown_keys_are_counted_and_a_huge_file_is_refused_at_once(tmp_pa
     huge.write_text("model_name_or_path: m\n" + "k: 1\n" * 400_000)
     with pytest.raises(UserError, match=r"MiB is not a recipe .* is it a dataset\?"):
         read_recipe(str(huge), [], "rl")
+
+
+def test_a_relative_reward_file_beside_the_recipe_is_the_one_every_command_loads(tmp_path, monkeypatch):
+    """check, rl and eval (`reward_funcs`) and the reward commands (`setup_from_recipe`) find the same file."""
+    from grpo_cli.recipe import reward_funcs
+    from grpo_cli.rewards.scoring import setup_from_recipe
+
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "my_rewards.py").write_text("def short(completions, **kwargs):\n    return [1.0 for _ in completions]\n")
+    path = recipes / "my.yaml"
+    path.write_text("model_name_or_path: some/model\ndtype: bfloat16\nreward_funcs: [my_rewards.py:short]\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    recipe = load_recipe(str(path), [], "rl")
+    check_recipe(recipe)  # no "file not found"
+    expected = f"{(recipes / 'my_rewards.py').resolve()}:short"
+    assert [f.process.reference for f in reward_funcs(recipe)] == [expected]
+    assert [f.process.reference for f in setup_from_recipe(recipe).guards()] == [expected]
+    # a file in the working directory of the same name comes first, for every command alike
+    (elsewhere / "my_rewards.py").write_text("def short(completions, **kwargs):\n    return [0.0 for _ in completions]\n")
+    here = f"{(elsewhere / 'my_rewards.py').resolve()}:short"
+    assert [f.process.reference for f in reward_funcs(recipe)] == [here]
+    assert [f.process.reference for f in setup_from_recipe(recipe).guards()] == [here]
+    (elsewhere / "my_rewards.py").unlink()
+    (recipes / "my_rewards.py").unlink()
+    with pytest.raises(UserError, match="not found in the working directory or in the recipe's folder"):
+        check_recipe(load_recipe(str(path), [], "rl"))

@@ -29,6 +29,14 @@ def reward_names(recipe: Recipe) -> list[str]:
     return names or (list(task.default_rewards) if task else [])
 
 
+def reward_funcs(recipe: Recipe) -> list:
+    """The recipe's rewards as TRL-ready callables, each behind its guard: what `grpo rl` trains and `grpo eval`
+    scores with (relative `file.py:function` paths from the working directory, else beside the recipe)."""
+    from grpo_cli.rewards import build_reward_funcs
+
+    return build_reward_funcs(reward_names(recipe), recipe.reward.reward_timeout, recipe.folder)
+
+
 def _file_problems(recipe: Recipe) -> list[str]:
     from grpo_cli.models import is_local_path
 
@@ -209,7 +217,7 @@ def _reward_problems(recipe: Recipe) -> list[str]:
     from grpo_cli.tasks import TASKS
 
     names = reward_names(recipe)
-    problems = [f"{recipe.where('reward_funcs')}: {p}" for p in reward_names_problems(names)]
+    problems = [f"{recipe.where('reward_funcs')}: {p}" for p in reward_names_problems(names, recipe.folder)]
     weights = recipe.values.get("reward_weights")
     if weights is not None and len(weights) != len(names):
         problems.append(

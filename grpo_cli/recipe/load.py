@@ -63,6 +63,12 @@ class Recipe:
     def name(self) -> str:
         return self.path.stem if self.path else "recipe"
 
+    @property
+    def folder(self) -> str | None:
+        """Where relative `file.py:function` reward paths are looked for when the working directory has no such file:
+        the recipe file's folder (every command resolves them the same way)."""
+        return str(self.path.parent) if self.path else None
+
     def resolved(self) -> dict[str, Any]:
         """Every key's value: set by the recipe, or the library's default."""
         defaults = {key: spec.get("default") for key, spec in schema.keys(self.command).items()}

@@ -149,7 +149,10 @@ def reward_names_problems(names: list[str], base_dir: str | Path | None = None) 
         if _is_file_reference(target):
             path = _file_path(target, base_dir)
             if not path.is_file():
-                problems.append(f"reward '{name}': file '{target}' not found - check the path")
+                where = ""
+                if not Path(target).expanduser().is_absolute():
+                    where = " in the working directory" + (f" or in the recipe's folder {base_dir}" if base_dir else "")
+                problems.append(f"reward '{name}': file '{target}' not found{where} - check the path")
                 continue
             source = path.read_text(encoding="utf-8", errors="replace")
         else:

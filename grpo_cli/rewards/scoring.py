@@ -375,11 +375,10 @@ def reward_test_table(report: RewardTestReport):
 def setup_from_recipe(recipe: Any) -> RewardSetup:
     """The RewardSetup of a loaded recipe (its task keys, reward_funcs or the task's, reward_weights)."""
     names = list(recipe.values.get("reward_funcs") or [])
-    base_dir = str(recipe.path.parent) if getattr(recipe, "path", None) else None
     return reward_setup(
         recipe.task,
         names or None,
         recipe.values.get("reward_weights"),
         recipe.reward.reward_timeout,
-        base_dir,
+        recipe.folder,
     )

@@ -16,7 +16,7 @@ from trl import GRPOTrainer
 from grpo_cli.atomic import json_text
 from grpo_cli.console import console
 from grpo_cli.errors import UserError
-from grpo_cli.recipe import Recipe, reward_names
+from grpo_cli.recipe import Recipe, reward_funcs
 from grpo_cli.recipe.args import SamplingArguments
 from grpo_cli.train.dynamic_sampling import FreshPrompts, choose, flat_groups, is_short, merge, prompt_key
 from grpo_cli.train.health import GuardedSteps, NonFiniteStop
@@ -182,12 +182,9 @@ def conversational(reward_func):
 @explains_out_of_memory
 def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path:
     """Train the recipe's model with GRPO; returns the folder holding the final model or adapter."""
-    from grpo_cli.rewards import build_reward_funcs
-
     run = TrainingRun(recipe, resume=resume, overwrite=overwrite)
     prompts = run.prompts_dataset()
-    names = reward_names(recipe)
-    rewards = [conversational(f) for f in build_reward_funcs(names, recipe.reward.reward_timeout)]
+    rewards = [conversational(f) for f in reward_funcs(recipe)]
     model = run.load_model()
     if recipe.memory.lean_lm_head:
         use_lean_lm_head()  # for every GRPOTrainer of this process
