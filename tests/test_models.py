@@ -392,7 +392,7 @@ def modelscope_cache(tmp_path, tiny_model_dir, monkeypatch):
 def test_modelscope_ids_resolve_to_its_cache_without_the_network(modelscope_cache, monkeypatch, tmp_path):
     import torch
 
-    from grpo_cli.recipe.args import TaskArguments
+    from grpo_cli.arguments import TaskArguments
     from grpo_cli.tasks import load_task_dataset
 
     monkeypatch.setenv("GRPO_MODEL_SOURCE", "modelscope")

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from grpo_cli.errors import UserError
-from grpo_cli.recipe import builtin_recipes, check_recipe, load_recipe
-from grpo_cli.recipe import schema
+from grpo_cli.recipe import builtin_recipes, check_recipe, load_recipe, schema
 from grpo_cli.recipe.load import read_recipe
 
 

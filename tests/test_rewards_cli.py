@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from grpo_cli.arguments import TaskArguments
 from grpo_cli.cli import app
 from grpo_cli.errors import UserError
-from grpo_cli.recipe.args import TaskArguments
 from grpo_cli.rewards.scoring import reward_setup, run_reward_test, score_file
 
 DATA = Path(__file__).parent / "data"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from grpo_cli.arguments import TaskArguments
 from grpo_cli.errors import UserError
-from grpo_cli.recipe.args import TaskArguments
 from grpo_cli.tasks import (
     TASKS,
     chat_template_text,

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from grpo_cli.arguments import TrackingArguments
 from grpo_cli.errors import UserError
-from grpo_cli.recipe.args import TrackingArguments
-from grpo_cli.train.tracking import swanlab_callback, swanlab_project, tracking_problems
+from grpo_cli.recipe.check import tracking_problems
+from grpo_cli.train.tracking import swanlab_callback, swanlab_project
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from io import StringIO
 import pytest
 from rich.console import Console
 
-from grpo_cli.recipe.args import TrackingArguments
+from grpo_cli.arguments import TrackingArguments
 from grpo_cli.train.console import (
     NOISY_LOGGERS,
     SampleSchedule,

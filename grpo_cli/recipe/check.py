@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grpo_cli.arguments import TrackingArguments
 from grpo_cli.errors import UserError
 from grpo_cli.recipe.load import Recipe, problem_order
 
@@ -323,7 +325,42 @@ def build_plan(recipe: Recipe, num_processes: int, accelerate_config: dict | Non
     if recipe.tracking.swanlab:
         rows.append(("tracking", f"SwanLab ({recipe.tracking.swanlab_mode}), project {recipe.tracking.swanlab_project}"))
     rows.append(("output", str(v["output_dir"])))
-    from grpo_cli.train.tracking import tracking_problems
 
     warnings = recipe.warnings + launch_warnings(v, accelerate_config) + tracking_problems(recipe.tracking)
     return Plan(rows=rows, warnings=warnings)
+
+
+# --- tracking -------------------------------------------------------------------------------------------------
+
+
+def tracking_problems(tracking: TrackingArguments) -> list[str]:
+    """What stops SwanLab from starting with these settings (checked before any model is loaded)."""
+    if not tracking.swanlab:
+        return []
+    if tracking.swanlab_mode == "cloud" and not _has_api_key():
+        problem = (
+            "swanlab_mode: cloud needs a SwanLab API key and none is set - set SWANLAB_API_KEY "
+            "(or run `swanlab login`) or use swanlab_mode: local/offline"
+        )
+        return [problem]
+    if tracking.swanlab_mode == "local" and importlib.util.find_spec("swanboard") is None:
+        problem = (
+            "swanlab_mode: local needs SwanLab's dashboard package - pip install 'swanlab[dashboard]', "
+            "or use swanlab_mode: offline (and `swanlab sync` the run later)"
+        )
+        return [problem]
+    return []
+
+
+def _has_api_key() -> bool:
+    """An API key in SWANLAB_API_KEY, a .env file, or a saved `swanlab login`."""
+    if os.environ.get("SWANLAB_API_KEY"):
+        return True
+    import swanlab
+
+    project = os.environ.pop("SWANLAB_PROJECT", None)  # swanlab's settings cannot be read while it is set
+    try:
+        return bool(swanlab.Settings().api_key)
+    finally:
+        if project is not None:
+            os.environ["SWANLAB_PROJECT"] = project

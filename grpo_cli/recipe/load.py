@@ -18,10 +18,7 @@ from typing import Any
 
 import yaml
 
-from grpo_cli.errors import UserError
-from grpo_cli.hub import SOURCE_VARIABLE
-from grpo_cli.recipe import schema
-from grpo_cli.recipe.args import (
+from grpo_cli.arguments import (
     HealthArguments,
     MemoryArguments,
     RewardArguments,
@@ -29,6 +26,9 @@ from grpo_cli.recipe.args import (
     TaskArguments,
     TrackingArguments,
 )
+from grpo_cli.errors import UserError
+from grpo_cli.hub import SOURCE_VARIABLE
+from grpo_cli.recipe import schema
 
 COMMAND_NAMES = {"rl": "grpo rl", "sft": "grpo sft"}
 TRUE, FALSE = {"true", "yes", "1", "on"}, {"false", "no", "0", "off"}

@@ -17,7 +17,7 @@ from functools import lru_cache
 from importlib.metadata import version
 from pathlib import Path
 
-from grpo_cli.recipe.args import OWN_ARGUMENTS
+from grpo_cli.arguments import OWN_ARGUMENTS
 
 SNAPSHOT = Path(__file__).with_name("schema.json")
 COMMANDS = ("rl", "sft")

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpo_cli.arguments import TaskArguments
 from grpo_cli.atomic import check_writable, write_jsonl
 from grpo_cli.errors import UserError
-from grpo_cli.recipe.args import TaskArguments
 from grpo_cli.rewards.guard import RewardGuard, build_reward_funcs
 from grpo_cli.rewards.registry import REWARDS
 from grpo_cli.tasks.task import Task, for_prefill, get_task

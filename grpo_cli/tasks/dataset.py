@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from grpo_cli.arguments import TaskArguments
 from grpo_cli.errors import UserError
-from grpo_cli.recipe.args import TaskArguments
 from grpo_cli.tasks.task import Task, for_prefill, get_task
 
 if TYPE_CHECKING:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+from grpo_cli.arguments import TaskArguments
 from grpo_cli.errors import UserError
-from grpo_cli.recipe.args import TaskArguments
 
 TASKS: dict[str, Task] = {}
 

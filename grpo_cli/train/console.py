@@ -31,10 +31,10 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from grpo_cli.arguments import TrackingArguments
 from grpo_cli.console import console as shared_console
 from grpo_cli.diagnosis import FindingWatch, is_training_log
 from grpo_cli.diagnosis import finite_number as _get
-from grpo_cli.recipe.args import TrackingArguments
 
 # ------------------------------------------------------------------------------------------------ library noise
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 from trl import GRPOTrainer
 
+from grpo_cli.arguments import SamplingArguments
 from grpo_cli.atomic import json_text
 from grpo_cli.console import console
 from grpo_cli.errors import UserError
 from grpo_cli.recipe import Recipe, reward_funcs
-from grpo_cli.recipe.args import SamplingArguments
 from grpo_cli.train.dynamic_sampling import FreshPrompts, choose, flat_groups, is_short, merge, prompt_key
 from grpo_cli.train.health import GuardedSteps, NonFiniteStop
 from grpo_cli.train.lm_head import use_lean_lm_head

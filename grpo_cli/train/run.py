@@ -14,6 +14,7 @@ from grpo_cli.errors import UserError
 from grpo_cli.launch import accelerate_config_from_env, is_main_process, world_size
 from grpo_cli.models import first_nonfinite, gpu_problems, load_model, load_tokenizer, render_prompt
 from grpo_cli.recipe import Recipe
+from grpo_cli.recipe.check import tracking_problems
 from grpo_cli.train.checkpoints import (
     GracefulStop,
     Stopped,
@@ -24,7 +25,7 @@ from grpo_cli.train.checkpoints import (
 )
 from grpo_cli.train.console import RunConsole, quiet_libraries, remove_default_printers
 from grpo_cli.train.health import NonFiniteStop, StepGuard, stability_advice
-from grpo_cli.train.tracking import swanlab_callback, tracking_problems
+from grpo_cli.train.tracking import swanlab_callback
 
 logger = logging.getLogger("grpo_cli.train")
 

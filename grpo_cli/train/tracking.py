@@ -7,41 +7,22 @@ each finding of the run's diagnosis as text when it first holds.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import fields
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from grpo_cli.arguments import TrackingArguments
 from grpo_cli.console import console
 from grpo_cli.errors import UserError
-from grpo_cli.recipe.args import TrackingArguments
+from grpo_cli.recipe.check import tracking_problems
 from grpo_cli.train.console import SampleSchedule, pick_samples
 
 # Our recipe says "cloud"; swanlab says "online".
 SWANLAB_MODES = {"cloud": "online", "local": "local", "offline": "offline"}
 
 DEFAULT_PROJECT = next(f.default for f in fields(TrackingArguments) if f.name == "swanlab_project")
-
-
-def tracking_problems(tracking: TrackingArguments) -> list[str]:
-    """What stops SwanLab from starting with these settings (checked before any model is loaded)."""
-    if not tracking.swanlab:
-        return []
-    if tracking.swanlab_mode == "cloud" and not _has_api_key():
-        problem = (
-            "swanlab_mode: cloud needs a SwanLab API key and none is set - set SWANLAB_API_KEY "
-            "(or run `swanlab login`) or use swanlab_mode: local/offline"
-        )
-        return [problem]
-    if tracking.swanlab_mode == "local" and importlib.util.find_spec("swanboard") is None:
-        problem = (
-            "swanlab_mode: local needs SwanLab's dashboard package - pip install 'swanlab[dashboard]', "
-            "or use swanlab_mode: offline (and `swanlab sync` the run later)"
-        )
-        return [problem]
-    return []
 
 
 def swanlab_project(tracking: TrackingArguments) -> str:
@@ -53,20 +34,6 @@ def swanlab_project(tracking: TrackingArguments) -> str:
     if from_env and tracking.swanlab_project == DEFAULT_PROJECT:
         return from_env
     return tracking.swanlab_project
-
-
-def _has_api_key() -> bool:
-    """An API key in SWANLAB_API_KEY, a .env file, or a saved `swanlab login`."""
-    if os.environ.get("SWANLAB_API_KEY"):
-        return True
-    import swanlab
-
-    project = os.environ.pop("SWANLAB_PROJECT", None)  # swanlab's settings cannot be read while it is set
-    try:
-        return bool(swanlab.Settings().api_key)
-    finally:
-        if project is not None:
-            os.environ["SWANLAB_PROJECT"] = project
 
 
 def swanlab_callback(tracking: TrackingArguments, output_dir: str, run_name: str | None, config: dict):

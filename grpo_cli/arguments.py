@@ -1,6 +1,6 @@
-"""The recipe keys grpo adds to TRL's `ModelConfig`, `GRPOConfig` and `SFTConfig`.
-
-These dataclasses import nothing heavy, so `grpo check` can read their fields without loading torch.
+"""The recipe keys grpo adds to TRL's `ModelConfig`, `GRPOConfig` and `SFTConfig`: data types at the bottom of the
+package (they import nothing of grpo's), so tasks and rewards can take them without importing the recipe loader, and
+`grpo check` can read their fields without loading torch.
 """
 
 from __future__ import annotations
