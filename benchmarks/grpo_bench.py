@@ -288,7 +288,8 @@ def _install_timers(record: dict, out: Path, steps: int, profile: str = "", memo
 def _memory_report(path: Path, clock: dict, last: bool) -> None:
     """Before the last step: what stays allocated between steps. After it: what is allocated at its peak."""
     import torch
-    from memory_trace import live_blocks, peak
+
+    from benchmarks.memory_trace import live_blocks, peak
 
     snapshot = torch.cuda.memory._snapshot()
     trace = snapshot["device_traces"][0]
@@ -321,8 +322,8 @@ def _shared_keys(spec: dict) -> dict:
 
 def _prompts(spec: dict, tokenizer):
     """The Countdown rows grpo trains on, rendered the same way (the plain TRL script reads them as text)."""
+    from grpo_cli.arguments import TaskArguments
     from grpo_cli.models import render_prompt
-    from grpo_cli.recipe.args import TaskArguments
     from grpo_cli.tasks import load_task_dataset
 
     task = TaskArguments(task="countdown", dataset_generate=spec["rows"], dataset_seed=0)

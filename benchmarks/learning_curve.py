@@ -30,8 +30,8 @@ from benchmarks.grpo_bench import build_model, tokenizer_folder
 
 
 def prompts_dataset(tokenizer, rows: int):
+    from grpo_cli.arguments import TaskArguments
     from grpo_cli.models import render_prompt
-    from grpo_cli.recipe.args import TaskArguments
     from grpo_cli.tasks import load_task_dataset
 
     task = TaskArguments(task="countdown", dataset_generate=rows, dataset_seed=0)

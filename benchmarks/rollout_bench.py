@@ -40,10 +40,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE)]
+if str(HERE.parent) not in sys.path:  # run as a script: the repository root, for grpo_cli and benchmarks
+    sys.path.insert(0, str(HERE.parent))
 
-from grpo_bench import SHAPES, random_qwen2  # the benchmark's model shapes and weights
-
+from benchmarks.grpo_bench import SHAPES, random_qwen2  # the benchmark's model shapes and weights
 from grpo_cli.atomic import write_text
 
 VARIANTS = (

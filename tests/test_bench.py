@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -286,11 +285,7 @@ def test_static_cache_rollout_is_the_default_and_dynamic_turns_it_off(tmp_path):
 def test_benchmark_runs_baseline_and_grpo_side_by_side_on_cpu(tmp_path, demo_tokenizer_dir):
     import torch
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import grpo_bench
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    from benchmarks import grpo_bench
 
     out = tmp_path / "results.json"
     grpo_bench.main(
@@ -326,8 +321,7 @@ def test_benchmark_runs_baseline_and_grpo_side_by_side_on_cpu(tmp_path, demo_tok
 
 
 def test_grpo_config_splits_steps_as_the_countdown_recipe_does():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from grpo_bench import recipe_micro_batch
+    from benchmarks.grpo_bench import recipe_micro_batch
 
     recipe = load_recipe(str(ROOT / "recipes" / "countdown.yaml"), [], "rl")
     values = recipe.values
@@ -337,9 +331,8 @@ def test_grpo_config_splits_steps_as_the_countdown_recipe_does():
 
 
 def test_a_plan_entry_may_name_a_demo_model_with_its_pretrained_weights(demo_tokenizer_dir):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from distributed.rewards import digit_share
-    from grpo_bench import pretrained_model
+    from benchmarks.distributed.rewards import digit_share
+    from benchmarks.grpo_bench import pretrained_model
 
     folder, sizes = pretrained_model("smollm2-135m-instruct", "cpu")
     config = json.loads((folder / "config.json").read_text())
@@ -350,8 +343,7 @@ def test_a_plan_entry_may_name_a_demo_model_with_its_pretrained_weights(demo_tok
 
 
 def test_curve_stats_compares_the_two_sides_rewards():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from curve_stats import curve_stats
+    from benchmarks.curve_stats import curve_stats
 
     def side(name, rewards, std):
         return {"side": name, "logs": [{"reward": r, "reward_std": std} for r in rewards]}
@@ -370,8 +362,7 @@ def test_curve_stats_compares_the_two_sides_rewards():
 
 
 def test_kernel_gaps_sums_the_idle_time_between_kernels():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from rollout_bench import kernel_gaps
+    from benchmarks.rollout_bench import kernel_gaps
 
     def kernel(name, ts_ms, dur_ms):  # the trace's times are in microseconds
         return {"cat": "kernel", "name": name, "ts": 1000 * ts_ms, "dur": 1000 * dur_ms}
@@ -395,8 +386,7 @@ def test_kernel_gaps_sums_the_idle_time_between_kernels():
 
 
 def test_memory_trace_names_who_holds_the_peak_and_what_stays():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from memory_trace import live_blocks, peak
+    from benchmarks.memory_trace import live_blocks, peak
 
     def frames(*sites):
         return [{"filename": f, "line": n, "name": "f"} for f, n in sites]

@@ -1,0 +1,1 @@
+"""Benchmark scripts (README.md); each runs as a script and imports as `benchmarks.<name>`."""
