@@ -192,8 +192,8 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
     with warnings.catch_warnings():
         # The rollout function is grpo's own, not an experiment of the user's: TRL's warning about it is noise.
         warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
-        # TRL 1.16 still applies liger's kernels through `use_liger_kernel` (grpo's GPU default); its notice that
-        # the flag will change in TRL 2 is for library users, not for a grpo run.
+        # TRL applies liger's kernels through `use_liger_kernel` (grpo's GPU default); its notice that the flag
+        # will change is for library users, not for a grpo run.
         warnings.filterwarnings("ignore", message="`use_liger_kernel=True` is deprecated")
         trainer = RLTrainer(
             model=model,

@@ -330,8 +330,8 @@ def _side_stream(device):
     """The one stream per GPU that graph warm-ups and captures run on, for the whole process.
 
     cuBLAS keeps a 32 MiB workspace for every stream it has run on, for the life of the process: a fresh stream
-    per capture left a new one behind at each rollout (0.69 GiB more held between steps than TRL's run after 20
-    steps of a Qwen2.5-0.5B shape).
+    per capture left a new one behind at each rollout, so the memory held between steps grew run after run
+    (benchmarks/README.md).
     """
     import torch
 
@@ -444,7 +444,8 @@ def _rows_free_memory_holds(model, prompt_ids: list[list[int]], max_new_tokens: 
     uncached = rows_that_fit(model, prompt_len, max_new_tokens, max(0, free_gpu_bytes(device, cached=False) - stacked))
     if uncached < min(rows, len(prompt_ids)):
         # The batch counts on memory torch keeps cached from the last forward/backward, in blocks that may be too
-        # small for the cache's tensors (a 24 GiB card ran out there with 5 GiB of them): hand them back first.
+        # small for the cache's tensors (a small card ran out there with a fifth of its memory in them): hand them
+        # back first.
         torch.cuda.empty_cache()
     if rows < len(prompt_ids) and not _PARTS_REPORTED:
         _PARTS_REPORTED.append(True)

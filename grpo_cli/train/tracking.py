@@ -26,7 +26,7 @@ DEFAULT_PROJECT = next(f.default for f in fields(TrackingArguments) if f.name ==
 
 
 def swanlab_project(tracking: TrackingArguments) -> str:
-    """The project name; takes SWANLAB_PROJECT out of the environment, where it crashes swanlab 0.10.3's settings.
+    """The project name; takes SWANLAB_PROJECT out of the environment, where it crashes swanlab's settings.
 
     The variable's value is used only when the recipe left `swanlab_project` at its default.
     """
