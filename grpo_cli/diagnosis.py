@@ -19,7 +19,8 @@ A finding's state must hold for `HOLD` (3) logs in a row unless said otherwise. 
 - non-finite steps: a log whose loss, gradient norm, reward, KL or entropy is NaN or inf (null in strict JSON), or a
   step the run's guard skipped; said at the first.
 - a reward failing: `rewards/NAME/failed_frac` (an exception, a bad value or a timeout) averages >= `FAIL_SHARE`
-  (0.1) over the logs since its first failure, with failures in at least 2 logs.
+  (0.1) over the logs since its first failure, with failures in at least 2 logs; said as timing out when
+  `rewards/NAME/timed_out_frac` is at least half of that.
 - steps slowing: the median `step_time` of the last 3 logs is >= `SLOW_FACTOR` (1.5) times the median of logs 2-6
   (the first includes warm-up), with at least 8 logs.
 """
@@ -335,17 +336,28 @@ def reward_failures(logs: list[dict], values: dict) -> list[Finding]:
             share = total / count if count else 0.0
             if failing >= 2 and share >= FAIL_SHARE:
                 slow = f"--reward_timeout {timeout * 4:g}, now {timeout:g} s" if timeout else "a higher --reward_timeout"
-                found.append(
-                    Finding(
-                        f"reward_failing:{name}",
-                        _step(logs[first], first),
+                timed = [finite_number(entry, f"rewards/{name}/timed_out_frac") for entry in logs[first : index + 1]]
+                timed_share = statistics.fmean(t for t in timed if t is not None) if any(t is not None for t in timed) else None
+                if timed_share is not None and timed_share >= share / 2:  # most of its failures are timeouts
+                    message = (
+                        f"reward {name} timing out: it ran past reward_timeout on {timed_share:.0%} of completions "
+                        f"(failed on {share:.0%} in all), which score its failure value - allow it more time ({slow} "
+                        f"per completion) or make it faster (`grpo rewards score` times it on completions)"
+                    )
+                elif timed_share is not None:
+                    message = (
+                        f"reward {name} failing: it failed on {share:.0%} of completions (raised or returned a "
+                        "non-number; its first warning in the log says which): those completions score its failure "
+                        f"value - fix {name} (`grpo rewards score` runs it on completions)"
+                    )
+                else:  # logs from before timeouts were told apart
+                    message = (
                         f"reward {name} failing: it failed on {share:.0%} of completions (raised, returned a "
                         "non-number or ran past reward_timeout; its first warning in the log says which): those "
-                        "completions score "
-                        f"its failure value - fix {name} (`grpo rewards score` runs it on completions), or for a "
-                        f"slow reward allow it more time ({slow} per completion)",
+                        f"completions score its failure value - fix {name} (`grpo rewards score` runs it on "
+                        f"completions), or for a slow reward allow it more time ({slow} per completion)"
                     )
-                )
+                found.append(Finding(f"reward_failing:{name}", _step(logs[first], first), message))
                 break
     return found
 

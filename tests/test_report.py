@@ -126,8 +126,17 @@ def test_a_reward_failing_on_every_other_completion_is_named(unrewarded_run):
     out, _ = unrewarded_run
     (failing,) = [f for f in read_run(out).findings() if f.name.startswith("reward_failing")]
     assert failing.name == "reward_failing:flaky" and failing.step == 1
-    assert "reward flaky failing: it failed on 50% of completions" in failing.message
-    assert "--reward_timeout" in failing.message
+    assert "reward flaky failing: it failed on 50% of completions (raised or returned a non-number" in failing.message
+    assert "--reward_timeout" not in failing.message  # it raised: no timeout among its failures
+
+
+def test_a_reward_running_past_its_timeout_is_said_to_time_out(tmp_path):
+    slow = {"rewards/judge/failed_frac": 0.5, "rewards/judge/timed_out_frac": 0.5}
+    found = findings_of(tmp_path, [log(s, **(slow if s > 2 else {})) for s in range(1, 8)], reward_timeout=0.5)
+    assert list(found) == ["reward_failing:judge"] and found["reward_failing:judge"].step == 3
+    message = found["reward_failing:judge"].message
+    assert "reward judge timing out: it ran past reward_timeout on 50% of completions" in message
+    assert "--reward_timeout 2, now 0.5 s" in message
 
 
 def test_live_findings_print_once_when_they_first_hold_and_go_to_swanlab(unrewarded_run):

@@ -90,7 +90,7 @@ def test_the_guard_keeps_the_name_passes_columns_and_logs_the_failure_rate():
     )
     assert values == [3.0, 4.0] and guard.__name__ == "reader"
     assert seen == {"target": [3, 4], "extra": "state"}
-    assert metrics == [("rewards/reader/failed_frac", 0.0)]
+    assert metrics == [("rewards/reader/failed_frac", 0.0), ("rewards/reader/timed_out_frac", 0.0)]
 
 
 def test_time_limits_nest():

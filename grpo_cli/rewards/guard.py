@@ -1,7 +1,8 @@
 """The guard around every reward: an exception, a hang or a bad return value never stops training.
 
 A failing completion scores the reward's failure value; on a timeout the whole batch does. Failures are counted
-(`guard.failures`), logged to TRL as `rewards/NAME/failed_frac` when it passes `log_metric`, and the first of each
+(`guard.failures`), logged to TRL as `rewards/NAME/failed_frac` (and the share of those that ran past the
+timeout as `rewards/NAME/timed_out_frac`) when it passes `log_metric`, and the first of each
 kind is shown once with the offending completion.
 """
 
@@ -184,6 +185,7 @@ class RewardGuard:
         seconds = max(MIN_BATCH_SECONDS, self.timeout * n) if self.timeout else None
         values: list[float | None] | None = None
         lost = None
+        timed_out = 0  # completions of this batch that scored the failure value for running past the timeout
         if self.process is not None:
             try:
                 values = self._score(prompts, completions, kwargs, time.monotonic() + seconds if seconds else None)
@@ -200,6 +202,7 @@ class RewardGuard:
         if values is None and (lost is None or lost.timed_out):
             self.timeouts += 1
             self.failures = failures_before + n
+            timed_out = n
             longest = max(range(n), key=lambda i: len(str(completions[i])), default=None)
             self._show_once(
                 "timeout",
@@ -221,6 +224,7 @@ class RewardGuard:
         if callable(log_metric) and n:
             try:
                 log_metric(f"rewards/{self.spec.name}/failed_frac", (self.failures - failures_before) / n)
+                log_metric(f"rewards/{self.spec.name}/timed_out_frac", timed_out / n)  # a share of failed_frac
             except Exception as err:  # noqa: BLE001 - metrics are best effort; scoring must go on
                 self._show_once("metric", f"could not log the failure rate of {self.spec.name}: {err}")
         return values
