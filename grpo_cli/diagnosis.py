@@ -106,6 +106,16 @@ def _held(flags: list[bool], hold: int = HOLD) -> tuple[int, int] | None:
     return None
 
 
+def _share_held(logs: list[dict], key: str, threshold: float) -> tuple[int, float] | None:
+    """Where `key` first stayed at or above `threshold` for `HOLD` logs in a row, and its value when it first held."""
+    shares = [finite_number(entry, key) for entry in logs]
+    held = _held([share is not None and share >= threshold for share in shares])
+    if held is None:
+        return None
+    start, index = held
+    return start, shares[index]
+
+
 def _unrewarded_prefix(logs: list[dict]) -> int:
     """How many GRPO logs from the first scored every completion alike and none above 0."""
     count = 0
@@ -136,17 +146,16 @@ def never_rewarded(logs: list[dict], values: dict) -> Finding | None:
 
 
 def zero_variance(logs: list[dict], values: dict) -> Finding | None:
-    shares = [finite_number(entry, "frac_reward_zero_std") for entry in logs]
-    held = _held([share is not None and share >= ZERO_STD_SHARE for share in shares])
+    held = _share_held(logs, "frac_reward_zero_std", ZERO_STD_SHARE)
     if held is None:
         return None
-    start, index = held
+    start, share = held
     n = _value(values, "num_generations")
     more = f"--num_generations {int(n) * 2}" if n else "a higher --num_generations"
     return Finding(
         "zero_variance",
         _step(logs[start], start),
-        f"zero-variance groups: {shares[index]:.0%} of groups gave all their completions the same reward, so they "
+        f"zero-variance groups: {share:.0%} of groups gave all their completions the same reward, so they "
         "teach nothing - more "
         f"completions per prompt ({more}{_now(values, 'num_generations')}; the generation batch must stay a multiple "
         "of it) or prompts nearer the model's level (harder if it solves them all, easier if none)",
@@ -192,17 +201,16 @@ def reward_flat(logs: list[dict], values: dict) -> Finding | None:
 
 
 def truncation_high(logs: list[dict], values: dict) -> Finding | None:
-    clipped = [finite_number(entry, "completions/clipped_ratio") for entry in logs]
-    held = _held([share is not None and share >= CLIPPED_SHARE for share in clipped])
+    held = _share_held(logs, "completions/clipped_ratio", CLIPPED_SHARE)
     if held is None:
         return None
-    start, index = held
+    start, clipped = held
     length = _value(values, "max_completion_length")
     longer = f"--max_completion_length {int(length) * 2}" if length else "a higher --max_completion_length"
     return Finding(
         "truncation_high",
         _step(logs[start], start),
-        f"truncation high: {clipped[index]:.0%} of completions are cut at the length limit, before their answer - "
+        f"truncation high: {clipped:.0%} of completions are cut at the length limit, before their answer - "
         "longer "
         f"completions ({longer}{_now(values, 'max_completion_length')}) or cut ones left out of the loss "
         "(--mask_truncated_completions true)",
