@@ -12,6 +12,13 @@ reference-minus-policy log-probability (the KL estimate's exponent), and whether
 step whose gradients are not finite it records which parameters' gradients are, then recomputes the micro-batch's
 loss and backward as it ran, without activation offloading, with TRL's own LM-head backward, and with both off.
 The guard (on by default) skips the step; the run goes on until its steps or the time budget end.
+
+`--plain` runs each seed as the command itself (`python3 -m grpo_cli rl -c countdown ...`) with nothing of the
+above: the steps and non-finite steps come from its console and `train_summary.json`.
+
+A run whose log stops growing for `--stall-s` seconds is stalled: every thread's Python stack (faulthandler's, which
+needs no lock held by the stuck thread) goes to `run-N.stall.txt`, and the run records its state, the kernel wait
+channel of each thread and those stacks. Once every live run has stalled the budget ends early.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -59,6 +67,7 @@ def child(args) -> None:
     from grpo_cli.train.rl import run_rl
 
     record = Path(args.record)
+    stacks = arm_stack_dumps(record.with_suffix(".stall.txt"), args.stall_s)
     trl_head = trl_utils._ChunkedLogProbFunction
     offloads: list = []
     seen: dict = {}
@@ -135,6 +144,8 @@ def child(args) -> None:
             if not bad:
                 return
             found = {"bad_grads": {"count": len(bad), "of": len(grads), "first": bad[:8], "last": bad[-4:]}}
+            with open(record, "a") as out:  # before the replays, so a replay that never returns still shows
+                out.write(json.dumps({"diagnosing": trainer.state.global_step + 1, **found}) + "\n")
             lean = trl_utils._ChunkedLogProbFunction is not trl_head
             variants = [("as run", lean, bool(offloads)), ("no offloading", lean, False)]
             if lean:
@@ -145,7 +156,9 @@ def child(args) -> None:
                     found["replays"][name] = replay(trainer, model, use_lean, use_offload)
                 except Exception as err:  # noqa: BLE001 - a failed replay is a finding too
                     found["replays"][name] = {"error": f"{type(err).__name__}: {err}"}
-            trainer.step_guard.note("gradient norm")  # the replays left their own gradients: skip the step anyway
+            trainer.step_guard.note(
+                "gradient norm"
+            )  # the replays left their own gradients: skip the step anyway
             for p in model.parameters():
                 p.grad = None
             self.diagnosed = found
@@ -159,9 +172,22 @@ def child(args) -> None:
             with open(record, "a") as out:
                 out.write(json.dumps(entry) + "\n")
 
+        def on_step_end(self, args_, state, control, **kwargs):
+            stacks.rearm()
+
         def on_log(self, args_, state, control, logs=None, **kwargs):
-            keep = ("reward", "reward_std", "kl", "entropy", "completions/clipped_ratio", "completions/mean_length", "grad_norm", "loss",
-                    "frac_reward_zero_std", "step_time")
+            keep = (
+                "reward",
+                "reward_std",
+                "kl",
+                "entropy",
+                "completions/clipped_ratio",
+                "completions/mean_length",
+                "grad_norm",
+                "loss",
+                "frac_reward_zero_std",
+                "step_time",
+            )
             with open(record, "a") as out:
                 out.write(json.dumps({"log": state.global_step, **{k: logs.get(k) for k in keep}}) + "\n")
 
@@ -188,7 +214,9 @@ def child(args) -> None:
     run.TrainingRun.callbacks = with_diagnosis
     run.TrainingRun.train = train_with
     keys = {"model_name_or_path": args.model, "seed": str(args.seed), "output_dir": args.work}
-    overrides = [token for key, value in {**keys, **overrides_of(args.set)}.items() for token in (f"--{key}", value)]
+    overrides = [
+        token for key, value in {**keys, **overrides_of(args.set)}.items() for token in (f"--{key}", value)
+    ]
     started = time.time()
     try:
         run_rl(load_recipe("countdown", overrides, "rl"), resume=False, overwrite=True)
@@ -199,14 +227,115 @@ def child(args) -> None:
         out.write(json.dumps({"status": status, "seconds": round(time.time() - started, 1)}) + "\n")
 
 
+STALL_FILE_ENV = "STABILITY_STALL_FILE"
+# Loaded through PYTHONPATH in a --plain run: stacks on SIGUSR1, and every `stall_s` seconds whatever happens.
+_SITECUSTOMIZE = f"""import faulthandler, os, signal
+_out = open(os.environ["{STALL_FILE_ENV}"], "a")
+faulthandler.register(signal.SIGUSR1, file=_out, all_threads=True)
+faulthandler.dump_traceback_later(float(os.environ["STABILITY_STALL_S"]), repeat=True, file=_out)
+"""
+
+
+class arm_stack_dumps:
+    """faulthandler writing every thread's stack to `path` on SIGUSR1, and when `stall_s` seconds pass without a
+    `rearm()` (its own C thread does it, whatever the Python threads are stuck in)."""
+
+    def __init__(self, path: Path, stall_s: float):
+        import faulthandler
+
+        self.faulthandler, self.stall_s = faulthandler, stall_s
+        self.out = open(path, "a")  # noqa: SIM115 - open for the life of the process
+        faulthandler.register(signal.SIGUSR1, file=self.out, all_threads=True)
+        faulthandler.dump_traceback_later(stall_s, file=self.out)
+
+    def rearm(self) -> None:
+        self.faulthandler.cancel_dump_traceback_later()
+        self.faulthandler.dump_traceback_later(self.stall_s, file=self.out)
+
+
+def process_state(pid: int) -> dict:
+    """What the kernel says a process is doing: its state and the wait channels of its threads (how many each)."""
+    proc = Path(f"/proc/{pid}")
+    state = {}
+    try:
+        status = (proc / "status").read_text()
+        state["state"] = next(
+            (line.split(":", 1)[1].strip() for line in status.splitlines() if line.startswith("State")), None
+        )
+        channels: dict[str, int] = {}
+        for task in (proc / "task").iterdir():
+            channel = (task / "wchan").read_text().strip() or "-"
+            channels[channel] = channels.get(channel, 0) + 1
+        state["thread_wait_channels"] = channels
+    except OSError as err:
+        state["error"] = str(err)
+    return state
+
+
+STEP_LINE = re.compile(r"^step\s+(\d+)/\d+", re.MULTILINE)
+
+
+def plain_command(args, seed: int, run_dir: Path) -> list[str]:
+    keys = {"model_name_or_path": args.model, "seed": str(seed), "output_dir": str(run_dir)}
+    flags = [
+        token for key, value in {**keys, **overrides_of(args.set)}.items() for token in (f"--{key}", value)
+    ]
+    return [sys.executable, "-m", "grpo_cli", "rl", "-c", "countdown", *flags, "--no-resume", "--overwrite"]
+
+
+def plain_result(run_dir: Path, log_text: str) -> dict:
+    """Steps and non-finite steps of a --plain run, from its train_summary.json or else its console."""
+    summary_path = run_dir / "train_summary.json"
+    if summary_path.exists():
+        summary = json.loads(summary_path.read_text())
+        non_finite = [entry["step"] for entry in summary.get("non_finite_steps", [])]
+        return {
+            "steps_done": summary.get("global_step"),
+            "non_finite_steps": non_finite,
+            "status": "finished",
+            "stopped": summary.get("stopped"),
+            "logs": summary.get("log_history", []),
+        }
+    steps = [int(n) for n in STEP_LINE.findall(log_text)]
+    non_finite = sorted({int(n) for n in re.findall(r"step (\d+): non-finite", log_text)})
+    return {
+        "steps_done": max(steps, default=0),
+        "non_finite_steps": non_finite,
+        "status": "killed at the time budget",
+    }
+
+
+def patched_result(record: Path) -> dict:
+    lines = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+    steps = [e for e in lines if "step" in e]
+    first_bad = next((e for e in lines if e.get("bad_grads")), None)
+    non_finite = [e["step"] for e in steps if finite_or_none(e["grad_norm"]) is None or e.get("bad_grads")]
+    return {
+        "steps_done": len(steps),
+        "non_finite_steps": non_finite,
+        "first_non_finite": first_bad,
+        "status": next((e["status"] for e in lines if "status" in e), "killed at the time budget"),
+        "steps": steps,
+        "logs": [e for e in lines if "log" in e],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--budget-s", type=float, default=540)
+    parser.add_argument(
+        "--stall-s", type=float, default=240, help="a run whose log stays this long unchanged is stalled"
+    )
+    parser.add_argument(
+        "--plain", action="store_true", help="run `grpo rl` itself, without the per-step records"
+    )
     parser.add_argument("--out", help="the JSON written (required unless --child)")
     parser.add_argument("--work", default="/tmp/stability")
-    parser.add_argument("--set", nargs="*", default=[], help="recipe overrides on top of RECIPE_OVERRIDES: key=value")
+    parser.add_argument(
+        "--set", nargs="*", default=[], help="recipe overrides on top of RECIPE_OVERRIDES: key=value"
+    )
     parser.add_argument("--label", default="default")
     parser.add_argument("--child", action="store_true")
     parser.add_argument("--seed", type=int)
@@ -217,46 +346,111 @@ def main() -> None:
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    site = work / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
     procs = {}
     for i, seed in enumerate(int(s) for s in args.seeds.split(",")):
         run_dir = work / f"run-{i}"  # one folder, record and log per process, a seed repeated or not
-        record = run_dir.with_suffix(".jsonl")
-        record.unlink(missing_ok=True)
-        command = [sys.executable, __file__, "--child", "--model", args.model, "--seed", str(seed),
-                   "--record", str(record), "--work", str(run_dir), "--set", *args.set]
-        with open(run_dir.with_suffix(".log"), "w") as log:  # the child holds its own copy of the file
-            child_process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        procs[i] = (seed, child_process, record)
-    deadline = time.time() + args.budget_s
-    while time.time() < deadline and any(p.poll() is None for _, p, _ in procs.values()):
-        time.sleep(5)
-    for _, p, _ in procs.values():
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-    runs = []
-    for seed, _, record in procs.values():
-        lines = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
-        steps = [e for e in lines if "step" in e]
-        logs = [e for e in lines if "log" in e]
-        first_bad = next((e for e in steps if e.get("bad_grads")), None)
-        non_finite = [e["step"] for e in steps if finite_or_none(e["grad_norm"]) is None or e.get("bad_grads")]
-        runs.append({
+        record, log_path, stall_path = (
+            run_dir.with_suffix(suffix) for suffix in (".jsonl", ".log", ".stall.txt")
+        )
+        for path in (record, stall_path):
+            path.unlink(missing_ok=True)
+        env = dict(os.environ)
+        if args.plain:
+            command = plain_command(args, seed, run_dir)
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+            env.update({STALL_FILE_ENV: str(stall_path), "STABILITY_STALL_S": str(args.stall_s)})
+        else:
+            command = [
+                sys.executable,
+                __file__,
+                "--child",
+                "--model",
+                args.model,
+                "--seed",
+                str(seed),
+                "--record",
+                str(record),
+                "--work",
+                str(run_dir),
+                "--stall-s",
+                str(args.stall_s),
+                "--set",
+                *args.set,
+            ]
+        with open(log_path, "w") as log:  # the child holds its own copy of the file
+            child_process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+            )
+        procs[i] = {
             "seed": seed,
-            "label": args.label,
-            "overrides": overrides_of(args.set),
-            "steps_done": len(steps),
-            "non_finite_steps": non_finite,
-            "first_non_finite": first_bad,
-            "status": next((e["status"] for e in lines if "status" in e), "killed at the time budget"),
-            "steps": steps,
-            "logs": logs,
-        })
-    Path(args.out).write_text(json.dumps(_strict({"label": args.label, "runs": runs}), indent=1, allow_nan=False))
+            "process": child_process,
+            "record": record,
+            "log": log_path,
+            "stall": stall_path,
+            "run_dir": run_dir,
+            "stalled": None,
+        }
+    started = time.time()
+    deadline = started + args.budget_s
+    while time.time() < deadline:
+        live = [entry for entry in procs.values() if entry["process"].poll() is None]
+        if not live:
+            break
+        for entry in live:
+            quiet_s = time.time() - entry["log"].stat().st_mtime
+            if entry["stalled"] is None and quiet_s > args.stall_s:
+                entry["process"].send_signal(signal.SIGUSR1)  # the stacks now, beside the watchdog's
+                entry["stalled"] = {
+                    "after_s": round(time.time() - started),
+                    "quiet_s": round(quiet_s),
+                    **process_state(entry["process"].pid),
+                }
+                print(f"run of seed {entry['seed']} stalled: {entry['stalled']}", flush=True)
+        if all(entry["stalled"] for entry in live):
+            time.sleep(2)  # for the SIGUSR1 dumps
+            break
+        time.sleep(5)
+    for entry in procs.values():
+        if entry["process"].poll() is None:
+            os.killpg(entry["process"].pid, signal.SIGKILL)
+    runs = []
+    for entry in procs.values():
+        log_text = entry["log"].read_text(errors="replace")
+        found = plain_result(entry["run_dir"], log_text) if args.plain else patched_result(entry["record"])
+        if entry["stalled"]:
+            found["status"] = "stalled"
+            entry["stalled"]["stacks"] = (
+                entry["stall"].read_text(errors="replace")[-12000:] if entry["stall"].exists() else None
+            )
+        runs.append(
+            {
+                "seed": entry["seed"],
+                "label": args.label,
+                "plain": args.plain,
+                "overrides": overrides_of(args.set),
+                **found,
+                "stalled": entry["stalled"],
+                "exit_code": entry["process"].poll(),
+            }
+        )
+    Path(args.out).write_text(
+        json.dumps(_strict({"label": args.label, "runs": runs}), indent=1, allow_nan=False)
+    )
     for run_ in runs:
-        print(f"seed {run_['seed']}: {run_['steps_done']} steps, non-finite at {run_['non_finite_steps'][:10]}, "
-              f"{run_['status'][:300]}")
-        if run_["first_non_finite"]:
+        print(
+            f"seed {run_['seed']}: {run_['steps_done']} steps, non-finite at {run_['non_finite_steps'][:10]}, "
+            f"{str(run_['status'])[:300]}"
+        )
+        if run_.get("first_non_finite"):
             print(json.dumps({k: v for k, v in run_["first_non_finite"].items() if k != "micro"}, indent=1))
+        if run_["stalled"]:
+            print(
+                f"  stalled: state {run_['stalled'].get('state')}, waits {run_['stalled'].get('thread_wait_channels')}"
+            )
+            print("  " + "\n  ".join((run_["stalled"].get("stacks") or "").splitlines()[:40]))
 
 
 def _strict(value):
