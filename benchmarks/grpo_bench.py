@@ -140,7 +140,7 @@ def _install_timers(record: dict, out: Path, steps: int, profile: str = "", memo
     from transformers.trainer_callback import CallbackHandler
     from trl import GRPOTrainer
 
-    from grpo_cli.train import rollout
+    from grpo_cli.engine import rollout
 
     cuda = torch.cuda.is_available()
 

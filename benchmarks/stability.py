@@ -54,8 +54,9 @@ def child(args) -> None:
     from trl import GRPOTrainer
     from trl.trainer import utils as trl_utils
 
+    from grpo_cli.engine import offload
     from grpo_cli.recipe import load_recipe
-    from grpo_cli.train import offload, run
+    from grpo_cli.train import run
     from grpo_cli.train.rl import run_rl
 
     record = Path(args.record)

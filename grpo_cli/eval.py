@@ -241,9 +241,9 @@ def _generate_transformers(
 
     from transformers import set_seed
 
+    from grpo_cli.engine.memory import eval_out_of_memory_problem, is_out_of_memory
+    from grpo_cli.engine.rollout import is_nonfinite_sampling
     from grpo_cli.models import load_model, quiet_progress_bars
-    from grpo_cli.train.memory import eval_out_of_memory_problem, is_out_of_memory
-    from grpo_cli.train.rollout import is_nonfinite_sampling
 
     with quiet_progress_bars():
         model = load_model(spec.model, model_args, adapter=spec.adapter)
@@ -283,7 +283,7 @@ def _generate_transformers(
 def rollout_model(model):
     """The model grpo's static-cache sampler can run (LoRA layers in place), or None: on the CPU (where generate
     is faster), split over several devices, or of an architecture the sampler does not cover."""
-    from grpo_cli.train.rollout import unsupported_reason, without_peft_wrapper
+    from grpo_cli.engine.rollout import unsupported_reason, without_peft_wrapper
 
     core = without_peft_wrapper(model)
     devices = {p.device for p in core.parameters()}
@@ -296,7 +296,7 @@ def _sample_static(
     model, tokenizer, prompt_ids, settings, per_call, eos, advance
 ) -> list[list[tuple[str, int]]]:
     """K completions per prompt from grpo's static-cache sampler, `per_call` prompts at a time."""
-    from grpo_cli.train.rollout import Sampling, sample_completions
+    from grpo_cli.engine.rollout import Sampling, sample_completions
 
     sampling = Sampling(greedy=True)
     if not settings.greedy:
@@ -333,7 +333,7 @@ class _FiniteScores:
         return scores
 
     def check(self) -> None:
-        from grpo_cli.train.rollout import NonFiniteProbabilities
+        from grpo_cli.engine.rollout import NonFiniteProbabilities
 
         if self.bad is not None and bool(self.bad):
             raise NonFiniteProbabilities("generate met NaN or inf logits")

@@ -25,7 +25,7 @@ import math
 import weakref
 from dataclasses import dataclass
 
-logger = logging.getLogger("grpo_cli.train.rollout")
+logger = logging.getLogger("grpo_cli.engine.rollout")
 
 # Decoder-only families whose layers are: norm -> attention (q/k/v/o projections, rotary, optional q/k norms) ->
 # residual -> norm -> MLP -> residual, with plain scaled dot-product attention over all earlier tokens.
