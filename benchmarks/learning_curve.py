@@ -45,7 +45,7 @@ def run_arm(arm: str, seed: int, args, model_dir: Path, tokenizer, data) -> list
     """Mean reward of each step of one GRPO run of the model saved in `model_dir`."""
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpo_cli.engine.rollout import StaticCacheRollout
+    from grpo_cli.train.rollout_func import StaticCacheRollout
 
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="grpo-curve-"),

@@ -147,7 +147,7 @@ def test_rollout_prefills_each_distinct_prompt_once(kind):
 def test_rollout_tokenizes_each_distinct_prompt_once(tmp_path, tiny_grpo_trainer):
     """TRL's chat template renders each distinct prompt once; every row gets its prompt's tokens, as TRL's own
     tokenization of all rows gives them."""
-    from grpo_cli.engine.rollout import _tokenize_distinct
+    from grpo_cli.train.rollout_func import _tokenize_distinct
 
     trainer = tiny_grpo_trainer(tmp_path, [lambda completions, **kw: [0.0] * len(completions)])
     prompts = [[{"role": "user", "content": word}] for word in ("Say a word.", "Count to three.") for _ in range(3)]
@@ -267,7 +267,7 @@ def test_models_the_rollout_does_not_cover_are_named():
 def test_static_cache_rollout_is_the_default_and_dynamic_turns_it_off(tmp_path):
     import torch
 
-    from grpo_cli.engine.rollout import StaticCacheRollout, static_rollout
+    from grpo_cli.train.rollout_func import StaticCacheRollout, static_rollout
 
     model = tiny_model("qwen2")
     default = load_recipe(None, ["--output_dir", str(tmp_path), "--bf16", "false"], "rl")

@@ -1,5 +1,6 @@
 """Imports point down the data flow: data types at the bottom; tasks and rewards below the recipe, the trainer and
-the commands; the recipe below the trainer. Read from the source (every `import`, lazy ones inside functions too)."""
+the commands; the recipe below the trainer; the engine (sampling, memory levers) below training and eval. Read from
+the source (every `import`, lazy ones inside functions too)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ RULES = {
     "grpo_cli.rewards": ("grpo_cli.recipe", "grpo_cli.train", "grpo_cli.launch", "grpo_cli.eval", "grpo_cli.merge",
                          "grpo_cli.cli", "grpo_cli.report"),
     "grpo_cli.recipe": ("grpo_cli.train", "grpo_cli.eval", "grpo_cli.merge", "grpo_cli.cli", "grpo_cli.report"),
+    # the speed layer under training and eval: models and tensors in, completions out; no recipe, task or command
+    "grpo_cli.engine": ("grpo_cli.train", "grpo_cli.recipe", "grpo_cli.tasks", "grpo_cli.rewards", "grpo_cli.models",
+                        "grpo_cli.eval", "grpo_cli.merge", "grpo_cli.cli", "grpo_cli.launch", "grpo_cli.report"),
+    "grpo_cli.eval": ("grpo_cli.train", "grpo_cli.cli"),  # it samples through the engine, as training does
 }
 
 

@@ -16,14 +16,15 @@ from trl import GRPOTrainer
 from grpo_cli.arguments import SamplingArguments
 from grpo_cli.atomic import json_text
 from grpo_cli.console import console
+from grpo_cli.engine import is_nonfinite_sampling
 from grpo_cli.engine.lm_head import use_lean_lm_head
-from grpo_cli.engine.memory import explains_out_of_memory
 from grpo_cli.engine.offload import LayerInputOffload
-from grpo_cli.engine.rollout import is_nonfinite_sampling, static_rollout
 from grpo_cli.errors import UserError
 from grpo_cli.recipe import Recipe, reward_funcs
 from grpo_cli.train.dynamic_sampling import FreshPrompts, choose, flat_groups, is_short, merge, prompt_key
 from grpo_cli.train.health import GuardedSteps, NonFiniteStop
+from grpo_cli.train.memory_fixes import explains_out_of_memory
+from grpo_cli.train.rollout_func import static_rollout
 from grpo_cli.train.run import TrainingRun
 
 

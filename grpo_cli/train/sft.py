@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpo_cli.engine.memory import explains_out_of_memory
 from grpo_cli.recipe import Recipe
 from grpo_cli.train.health import GuardedSteps
+from grpo_cli.train.memory_fixes import explains_out_of_memory
 from grpo_cli.train.run import TrainingRun
 
 
