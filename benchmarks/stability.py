@@ -52,15 +52,15 @@ def child(args) -> None:
     import torch
     from transformers import TrainerCallback
     from trl import GRPOTrainer
-    from trl.trainer import utils as trl_utils
 
+    from grpo_cli import trl_private
     from grpo_cli.engine import offload
     from grpo_cli.recipe import load_recipe
     from grpo_cli.train import run
     from grpo_cli.train.rl import run_rl
 
     record = Path(args.record)
-    trl_head = trl_utils._ChunkedLogProbFunction
+    trl_head = trl_private.chunked_logprob()
     offloads: list = []
     seen: dict = {}
 
@@ -104,9 +104,9 @@ def child(args) -> None:
         if not offloading:
             for o in offloads:
                 o.remove()
-        previous = trl_utils._ChunkedLogProbFunction
+        previous = trl_private.chunked_logprob()
         if not lean:
-            trl_utils._ChunkedLogProbFunction = trl_head
+            trl_private.use_chunked_logprob(trl_head)
         try:
             model.zero_grad(set_to_none=True)
             with trainer.compute_loss_context_manager():
@@ -116,7 +116,7 @@ def child(args) -> None:
             norm = float(torch.nn.utils.get_total_norm(grads)) if grads else None
             return {"loss": float(loss.detach()), "grad_norm": norm}
         finally:
-            trl_utils._ChunkedLogProbFunction = previous
+            trl_private.use_chunked_logprob(previous)
             if not offloading:
                 for o in offloads:  # the hooks back on, as the run had them
                     o.__init__(model, o.min_bytes)
@@ -136,7 +136,7 @@ def child(args) -> None:
             if not bad:
                 return
             found = {"bad_grads": {"count": len(bad), "of": len(grads), "first": bad[:8], "last": bad[-4:]}}
-            lean = trl_utils._ChunkedLogProbFunction is not trl_head
+            lean = trl_private.chunked_logprob() is not trl_head
             variants = [("as run", lean, bool(offloads)), ("no offloading", lean, False)]
             if lean:
                 variants += [("TRL LM head", False, bool(offloads)), ("neither", False, False)]

@@ -10,11 +10,13 @@ from __future__ import annotations
 import re
 import traceback
 
+from grpo_cli.trl_private import GENERATION_FRAMES, SCORING_FRAMES
+
 # Function names on the traceback that place a failure, most specific first (the optimizer: by torch/optim files).
 PHASES = (
-    ("generation", {"_generate", "_generate_single_turn", "sample_completions", "generate"}),
+    ("generation", {*GENERATION_FRAMES, "sample_completions", "generate"}),
     # the batch's log-probs without gradients (old policy, reference model)
-    ("scoring", {"_generate_and_score_completions"}),
+    ("scoring", set(SCORING_FRAMES)),
     ("forward/backward", {"compute_loss", "backward", "training_step"}),
 )
 PHASE_TEXT = {

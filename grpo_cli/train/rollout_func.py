@@ -19,6 +19,7 @@ from grpo_cli.engine import (
     unsupported_reason,
     without_peft_wrapper,
 )
+from grpo_cli.trl_private import generate_single_turn, is_vision_language, text_tokenizer, tokenize_prompts
 
 logger = logging.getLogger("grpo_cli.train.rollout_func")
 
@@ -34,7 +35,7 @@ def trainer_fallback_reason(trainer) -> str | None:
         return "vLLM or continuous batching generates"
     if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
         return "DeepSpeed/FSDP shard the weights"
-    if trainer.tools or getattr(trainer, "environment_factories", None) or getattr(trainer, "_is_vlm", False):
+    if trainer.tools or getattr(trainer, "environment_factories", None) or is_vision_language(trainer):
         return "tools, environments and images need TRL's generation loop"
     if trainer.args.generation_kwargs:
         return "generation_kwargs are set"
@@ -47,10 +48,10 @@ def _tokenize_distinct(prompts: list, trainer):
     """TRL's tokenization of the prompts (chat template and all), each distinct prompt once."""
     firsts, rows = distinct_rows([repr(prompt) for prompt in prompts])
     if len(firsts) == len(prompts):
-        return trainer._tokenize_prompts(prompts)
-    ids, images, fields = trainer._tokenize_prompts([prompts[row] for row in firsts])
+        return tokenize_prompts(trainer, prompts)
+    ids, images, fields = tokenize_prompts(trainer, [prompts[row] for row in firsts])
     if images is not None or fields:  # images and multimodal fields go row by row
-        return trainer._tokenize_prompts(prompts)
+        return tokenize_prompts(trainer, prompts)
     return [list(ids[u]) for u in rows], None, fields
 
 
@@ -67,12 +68,12 @@ class StaticCacheRollout:
             if reason:
                 logger.info("rollouts through TRL's generation: %s", reason)
         if reason:  # as TRL tokenizes them (environments render each row with its own tools)
-            prompt_ids, images, fields = trainer._tokenize_prompts(prompts)
+            prompt_ids, images, fields = tokenize_prompts(trainer, prompts)
         else:
             prompt_ids, images, fields = _tokenize_distinct(prompts, trainer)
         if reason or images is not None or fields:
             generations = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
-            completion_ids, _ = trainer._generate_single_turn(prompt_ids, images, fields, generations)
+            completion_ids = generate_single_turn(trainer, prompt_ids, images, fields, generations)
         else:
             sampling = Sampling(trainer.temperature, trainer.top_k, trainer.top_p, trainer.min_p)
             completion_ids, logprobs = sample_completions(
@@ -80,7 +81,7 @@ class StaticCacheRollout:
                 prompt_ids,
                 trainer.max_completion_length,
                 list(trainer.eos_token_ids),
-                trainer._tokenizer.pad_token_id,
+                text_tokenizer(trainer).pad_token_id,
                 sampling,
                 check_finite=False,
             )
