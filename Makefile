@@ -7,7 +7,7 @@ EXTRAS ?= dev
 BIN := $(VENV)/bin
 DEMO := outputs/demo
 
-.PHONY: install test test-fast demo demo-gpu check-recipes clean
+.PHONY: install test test-fast lint demo demo-gpu check-recipes clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,9 @@ test: install
 
 test-fast: install
 	$(BIN)/pytest -q -m "not slow"
+
+lint: install
+	$(BIN)/ruff check .
 
 check-recipes: install
 	for r in $$($(BIN)/python -c "from grpo_cli.recipe import builtin_recipes; print(' '.join(builtin_recipes()))"); do \

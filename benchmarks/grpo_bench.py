@@ -140,7 +140,8 @@ def _install_timers(record: dict, out: Path, steps: int, profile: str = "", memo
     from transformers.trainer_callback import CallbackHandler
     from trl import GRPOTrainer
 
-    from grpo_cli.train import rollout
+    from grpo_cli.engine import rollout
+    from grpo_cli.train import rollout_func
 
     cuda = torch.cuda.is_available()
 
@@ -196,7 +197,7 @@ def _install_timers(record: dict, out: Path, steps: int, profile: str = "", memo
             if self.rollout_func is None:
                 record["rollout"] = "trl generate"
             else:
-                reason = rollout.trainer_fallback_reason(self)
+                reason = rollout_func.trainer_fallback_reason(self)
                 record["rollout"] = f"trl generate ({reason})" if reason else "grpo static cache"
         if record.get("rollout") == "grpo static cache":
             record["rollout_graphs"] = torch.cuda.is_available() and not rollout._GRAPHS_BROKEN

@@ -4,7 +4,7 @@
 
 Both arms are TRL's GRPOTrainer with the same model (grpo_bench's tiny random-weight Qwen2, SmolLM2 tokenizer), data,
 reward, optimizer and seed; they differ only in who samples the completions: TRL's `model.generate` (`trl`) or
-grpo's static-cache rollout function (`grpo`, grpo_cli/train/rollout.py, the code `grpo rl` runs on a GPU, where
+grpo's static-cache rollout function (`grpo`, grpo_cli/engine/rollout.py, the code `grpo rl` runs on a GPU, where
 each decode step is also replayed from a CUDA graph). The reward is the share of vowels in the completion. Both
 sample with torch.multinomial from the same probabilities and the same random state, so on the CPU the two arms
 should draw the same tokens and so follow the same trajectory: the report gives each arm's reward at every step, the
@@ -45,7 +45,7 @@ def run_arm(arm: str, seed: int, args, model_dir: Path, tokenizer, data) -> list
     """Mean reward of each step of one GRPO run of the model saved in `model_dir`."""
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpo_cli.train.rollout import StaticCacheRollout
+    from grpo_cli.train.rollout_func import StaticCacheRollout
 
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="grpo-curve-"),

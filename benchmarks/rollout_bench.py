@@ -1,4 +1,4 @@
-"""Time grpo's rollout alone (`grpo_cli.train.rollout.sample_completions`) on one GPU, with variants of its decode
+"""Time grpo's rollout alone (`grpo_cli.engine.rollout.sample_completions`) on one GPU, with variants of its decode
 step, to find where a decode step's time goes. The GRPO benchmark (`grpo_bench.py`) times whole optimizer steps;
 this times only the sampling, so small changes to it stand out.
 
@@ -124,7 +124,7 @@ def main() -> None:
 
     import torch
 
-    from grpo_cli.train import rollout
+    from grpo_cli.engine import rollout
 
     if args.variant.startswith("sdpa"):
         rollout.FLASH_DECODE = False

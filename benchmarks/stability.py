@@ -60,15 +60,16 @@ def child(args) -> None:
     import torch
     from transformers import TrainerCallback
     from trl import GRPOTrainer
-    from trl.trainer import utils as trl_utils
 
+    from grpo_cli import trl_private
+    from grpo_cli.engine import offload
     from grpo_cli.recipe import load_recipe
-    from grpo_cli.train import offload, run
+    from grpo_cli.train import run
     from grpo_cli.train.rl import run_rl
 
     record = Path(args.record)
     stacks = arm_stack_dumps(record.with_suffix(".stall.txt"), args.stall_s)
-    trl_head = trl_utils._ChunkedLogProbFunction
+    trl_head = trl_private.chunked_logprob()
     offloads: list = []
     seen: dict = {}
 
@@ -112,9 +113,9 @@ def child(args) -> None:
         if not offloading:
             for o in offloads:
                 o.remove()
-        previous = trl_utils._ChunkedLogProbFunction
+        previous = trl_private.chunked_logprob()
         if not lean:
-            trl_utils._ChunkedLogProbFunction = trl_head
+            trl_private.use_chunked_logprob(trl_head)
         try:
             model.zero_grad(set_to_none=True)
             with trainer.compute_loss_context_manager():
@@ -124,7 +125,7 @@ def child(args) -> None:
             norm = float(torch.nn.utils.get_total_norm(grads)) if grads else None
             return {"loss": float(loss.detach()), "grad_norm": norm}
         finally:
-            trl_utils._ChunkedLogProbFunction = previous
+            trl_private.use_chunked_logprob(previous)
             if not offloading:
                 for o in offloads:  # the hooks back on, as the run had them
                     o.__init__(model, o.min_bytes)
@@ -146,7 +147,7 @@ def child(args) -> None:
             found = {"bad_grads": {"count": len(bad), "of": len(grads), "first": bad[:8], "last": bad[-4:]}}
             with open(record, "a") as out:  # before the replays, so a replay that never returns still shows
                 out.write(json.dumps({"diagnosing": trainer.state.global_step + 1, **found}) + "\n")
-            lean = trl_utils._ChunkedLogProbFunction is not trl_head
+            lean = trl_private.chunked_logprob() is not trl_head
             variants = [("as run", lean, bool(offloads)), ("no offloading", lean, False)]
             if lean:
                 variants += [("TRL LM head", False, bool(offloads)), ("neither", False, False)]

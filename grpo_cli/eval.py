@@ -241,9 +241,9 @@ def _generate_transformers(
 
     from transformers import set_seed
 
+    from grpo_cli.engine import is_nonfinite_sampling
+    from grpo_cli.engine.memory import is_out_of_memory
     from grpo_cli.models import load_model, quiet_progress_bars
-    from grpo_cli.train.memory import eval_out_of_memory_problem, is_out_of_memory
-    from grpo_cli.train.rollout import is_nonfinite_sampling
 
     with quiet_progress_bars():
         model = load_model(spec.model, model_args, adapter=spec.adapter)
@@ -271,19 +271,32 @@ def _generate_transformers(
             ) from None
         if not is_out_of_memory(err):
             raise
-        problem = eval_out_of_memory_problem(
-            spec.label, per_call, settings.num_generations, settings.max_new_tokens, err
-        )
+        problem = out_of_memory_problem(spec.label, per_call, settings.num_generations, settings.max_new_tokens, err)
         raise UserError(problem) from None
     finally:
         del model
     return results, (STATIC_ENGINE if sampler is not None else "transformers generate")
 
 
+def out_of_memory_problem(model: str, batch_size: int, num_generations: int, max_new_tokens: int, err) -> str:
+    """`grpo eval` ran out: each batch generates batch_size x num_generations completions at once."""
+    from grpo_cli.engine.memory import gpu_numbers
+
+    head = (
+        f"out of GPU memory evaluating {model}{gpu_numbers(err)}: each batch generates {batch_size} prompts x "
+        f"{num_generations} completions at once, up to {max_new_tokens} tokens each. To fit:"
+    )
+    lines = [head]
+    if batch_size > 1:
+        lines.append(f"    - `--batch-size {batch_size // 2}` (the same results, smaller batches)")
+    lines.append(f"    - `--max-new-tokens {max(1, max_new_tokens // 2)}` (shorter completions)")
+    return "\n".join(lines)
+
+
 def rollout_model(model):
     """The model grpo's static-cache sampler can run (LoRA layers in place), or None: on the CPU (where generate
     is faster), split over several devices, or of an architecture the sampler does not cover."""
-    from grpo_cli.train.rollout import unsupported_reason, without_peft_wrapper
+    from grpo_cli.engine import unsupported_reason, without_peft_wrapper
 
     core = without_peft_wrapper(model)
     devices = {p.device for p in core.parameters()}
@@ -296,7 +309,7 @@ def _sample_static(
     model, tokenizer, prompt_ids, settings, per_call, eos, advance
 ) -> list[list[tuple[str, int]]]:
     """K completions per prompt from grpo's static-cache sampler, `per_call` prompts at a time."""
-    from grpo_cli.train.rollout import Sampling, sample_completions
+    from grpo_cli.engine import Sampling, sample_completions
 
     sampling = Sampling(greedy=True)
     if not settings.greedy:
@@ -333,7 +346,7 @@ class _FiniteScores:
         return scores
 
     def check(self) -> None:
-        from grpo_cli.train.rollout import NonFiniteProbabilities
+        from grpo_cli.engine import NonFiniteProbabilities
 
         if self.bad is not None and bool(self.bad):
             raise NonFiniteProbabilities("generate met NaN or inf logits")

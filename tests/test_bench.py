@@ -59,7 +59,7 @@ PROMPTS = [
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
 def test_rollout_log_probs_match_the_models_own_forward(kind, monkeypatch):
-    from grpo_cli.train import rollout
+    from grpo_cli.engine import rollout
 
     monkeypatch.setattr(rollout, "KV_STRETCH", 8)  # several cache stretches within 30 tokens
     model = tiny_model(kind)
@@ -106,7 +106,7 @@ def test_rollout_draws_the_tokens_transformers_generate_draws_from_the_same_seed
     sampling `generate` (TRL's own path) give the same completions, so GRPO runs on either follow one trajectory."""
     import torch
 
-    from grpo_cli.train import rollout
+    from grpo_cli.engine import rollout
 
     model = tiny_model(kind)
     torch.manual_seed(11)
@@ -124,7 +124,7 @@ def test_rollout_prefills_each_distinct_prompt_once(kind):
     on its own, with the model's own log-probs."""
     import torch
 
-    from grpo_cli.train import rollout
+    from grpo_cli.engine import rollout
 
     model = tiny_model(kind)
     prompts = [p for p in PROMPTS for _ in range(3)]  # as TRL repeats each prompt num_generations times
@@ -147,7 +147,7 @@ def test_rollout_prefills_each_distinct_prompt_once(kind):
 def test_rollout_tokenizes_each_distinct_prompt_once(tmp_path, tiny_grpo_trainer):
     """TRL's chat template renders each distinct prompt once; every row gets its prompt's tokens, as TRL's own
     tokenization of all rows gives them."""
-    from grpo_cli.train.rollout import _tokenize_distinct
+    from grpo_cli.train.rollout_func import _tokenize_distinct
 
     trainer = tiny_grpo_trainer(tmp_path, [lambda completions, **kw: [0.0] * len(completions)])
     prompts = [[{"role": "user", "content": word}] for word in ("Say a word.", "Count to three.") for _ in range(3)]
@@ -166,7 +166,7 @@ def test_rollout_applies_lora_layers():
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from grpo_cli.train import rollout
+    from grpo_cli.engine import rollout
 
     model = get_peft_model(
         tiny_model("qwen2"), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
@@ -193,7 +193,7 @@ def test_rollout_applies_lora_layers():
 def test_rollout_ends_at_eos_and_top_k_one_is_greedy():
     import torch
 
-    from grpo_cli.train.rollout import Sampling, sample_completions
+    from grpo_cli.engine.rollout import Sampling, sample_completions
 
     model = tiny_model("qwen2")
     greedy, _ = sample_completions(
@@ -215,7 +215,7 @@ def test_rollout_ends_at_eos_and_top_k_one_is_greedy():
 def test_rollout_in_parts_samples_what_one_batch_samples():
     """A generation batch too large for the GPU's free memory is sampled in parts: greedy (top-k 1), so the parts
     must give token for token what one batch gives, left padding included."""
-    from grpo_cli.train.rollout import Sampling, sample_completions
+    from grpo_cli.engine.rollout import Sampling, sample_completions
 
     model = tiny_model("llama")
     prompts = PROMPTS + [p[::-1] for p in PROMPTS] + [[20, 21, 22, 23]]  # 9 prompts: parts of 4, 4 and 1
@@ -233,7 +233,7 @@ def test_rollout_in_parts_samples_what_one_batch_samples():
 def test_rollout_memory_estimate_covers_the_cache_it_allocates():
     import torch
 
-    from grpo_cli.train import rollout
+    from grpo_cli.engine import rollout
 
     model = tiny_model("qwen2")
     prompt_len, new = 7, 40
@@ -253,7 +253,7 @@ def test_rollout_memory_estimate_covers_the_cache_it_allocates():
 
 
 def test_models_the_rollout_does_not_cover_are_named():
-    from grpo_cli.train.rollout import unsupported_reason
+    from grpo_cli.engine.rollout import unsupported_reason
 
     assert "sliding-window" in unsupported_reason(
         tiny_model("qwen2", use_sliding_window=True, sliding_window=16)
@@ -267,7 +267,7 @@ def test_models_the_rollout_does_not_cover_are_named():
 def test_static_cache_rollout_is_the_default_and_dynamic_turns_it_off(tmp_path):
     import torch
 
-    from grpo_cli.train.rollout import StaticCacheRollout, static_rollout
+    from grpo_cli.train.rollout_func import StaticCacheRollout, static_rollout
 
     model = tiny_model("qwen2")
     default = load_recipe(None, ["--output_dir", str(tmp_path), "--bf16", "false"], "rl")
@@ -439,7 +439,7 @@ def test_flash_decode_attention_gives_the_models_own_log_probs(kind, monkeypatch
     as the mask-based SDPA path's are, in bf16."""
     import torch
 
-    from grpo_cli.train import rollout
+    from grpo_cli.engine import rollout
 
     monkeypatch.setattr(rollout, "KV_STRETCH", 8)
     model = tiny_model(kind).to("cuda", torch.bfloat16)
@@ -466,7 +466,7 @@ def test_rollouts_leave_no_gpu_memory_behind():
     allocated between rollouts does not grow (a new stream per capture left 32 MiB behind each time)."""
     import torch
 
-    from grpo_cli.train import rollout
+    from grpo_cli.engine import rollout
 
     model = tiny_model("qwen2").to("cuda", torch.bfloat16)
     prompts = PROMPTS * 4

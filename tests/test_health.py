@@ -230,7 +230,7 @@ def test_a_rollout_drawn_from_nan_probabilities_is_a_skipped_step(tmp_path, tiny
     import torch
 
     from grpo_cli.train.health import StepGuard
-    from grpo_cli.train.rollout import StaticCacheRollout
+    from grpo_cli.train.rollout_func import StaticCacheRollout
 
     trainer = tiny_grpo_trainer(tmp_path, [lambda completions, **kw: [float(len(c)) for c in completions]])
     trainer.rollout_func = StaticCacheRollout()

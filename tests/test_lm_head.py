@@ -7,8 +7,8 @@ import torch
 from trl.kernels import chunked_logprob as trl_kernels
 from trl.trainer import utils as trl_utils
 
-from grpo_cli.train import lm_head
-from grpo_cli.train.lm_head import LeanChunkedLogProb
+from grpo_cli.engine import lm_head
+from grpo_cli.engine.lm_head import LeanChunkedLogProb
 
 
 def _gradients(function, dtype, *, bias: bool, entropy_grad: bool, tokens: int = 11):

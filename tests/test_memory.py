@@ -114,7 +114,7 @@ def test_out_of_memory_in_the_optimizer_step(tmp_path, tiny_model_dir):
 
 def test_lora_forward_backward_advice_leaves_out_the_lm_head():
     from grpo_cli.recipe import load_recipe
-    from grpo_cli.train.memory import memory_fixes
+    from grpo_cli.train.memory_fixes import memory_fixes
 
     full = memory_fixes(load_recipe(None, [], "rl"), "forward/backward")
     lora = memory_fixes(load_recipe(None, ["--use_peft", "true"], "rl"), "forward/backward")

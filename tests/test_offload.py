@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_cli.train.offload import LayerInputOffload
+from grpo_cli.engine.offload import LayerInputOffload
 from tests.test_bench import tiny_model
 
 

@@ -183,11 +183,11 @@ def test_schema_snapshot_matches_installed_trl():
 
 def test_check_cli_exit_codes_and_speed(tmp_path):
     bad = write(tmp_path, "model_name_or_path: m\nlearnig_rate: 1e-6\ntorch_dtype: bfloat16\nnum_generations: 3\n")
-    run = subprocess.run([sys.executable, "-m", "grpo_cli", "check", "-c", str(bad)], capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "grpo_cli", "check", "-c", str(bad)], capture_output=True, text=True, check=False)
     assert run.returncode == 2
     assert "Traceback" not in run.stderr
     assert "learnig_rate" in run.stderr and "torch_dtype" in run.stderr and "num_generations" in run.stderr
-    good = subprocess.run([sys.executable, "-m", "grpo_cli", "check", "-c", "countdown"], capture_output=True, text=True)
+    good = subprocess.run([sys.executable, "-m", "grpo_cli", "check", "-c", "countdown"], capture_output=True, text=True, check=False)
     assert good.returncode == 0, good.stderr
     assert "Qwen/Qwen2.5-3B-Instruct" in good.stderr and "effective batch" in good.stderr
 
@@ -195,7 +195,7 @@ def test_check_cli_exit_codes_and_speed(tmp_path):
 def test_help_does_not_import_torch():
     code = "import sys; from grpo_cli.cli import app; sys.argv=['grpo','--help']\n" \
            "try:\n    app()\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.stdout.strip().splitlines()[-1] == "False"
 
 

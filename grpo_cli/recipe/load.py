@@ -42,7 +42,7 @@ PROJECT_DEFAULTS = {
     "save_total_limit": 3,
     "disable_tqdm": True,  # grpo draws its own progress bar
     "log_completions": False,  # grpo prints sample completions itself
-    # Without vLLM, rollouts decode from a static KV cache with CUDA-graph steps (grpo_cli/train/rollout.py);
+    # Without vLLM, rollouts decode from a static KV cache with CUDA-graph steps (grpo_cli/engine/rollout.py);
     # `cache_implementation: dynamic` gives TRL's own `model.generate` loop.
     "cache_implementation": "static",
 }

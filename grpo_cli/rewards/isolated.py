@@ -90,7 +90,7 @@ def sendable(kwargs: dict) -> dict:
             value = SimpleNamespace(**{k: v for k, v in vars(value).items() if isinstance(v, (bool, int, float, str))})
         try:
             pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:  # noqa: BLE001 - whatever fails to pickle stays behind
+        except Exception:  # noqa: BLE001, S112 - whatever fails to pickle stays behind
             continue
         kept[key] = value
     return kept

@@ -35,6 +35,7 @@ from grpo_cli.arguments import TrackingArguments
 from grpo_cli.console import console as shared_console
 from grpo_cli.diagnosis import FindingWatch, is_training_log
 from grpo_cli.diagnosis import finite_number as _get
+from grpo_cli.trl_private import logs_of
 
 # ------------------------------------------------------------------------------------------------ library noise
 
@@ -253,7 +254,8 @@ def _plain(message: Any) -> str:
 
 
 def pick_samples(rollout_logs: dict[str, Any], count: int) -> list[Sample]:
-    """The best, the worst and evenly spaced ones between, by advantage, from GRPOTrainer's `_logs`."""
+    """The best, the worst and evenly spaced ones between, by advantage, from GRPOTrainer's latest batch
+    (`trl_private.logs_of`)."""
     completions = list(rollout_logs.get("completion") or [])
     prompts = list(rollout_logs.get("prompt") or [])
     advantages = list(rollout_logs.get("advantages") or [])
@@ -340,7 +342,7 @@ class _RunConsole:
         self.live = (self.console.is_terminal and not self.console.is_dumb_terminal) if live is None else live
         self.sample_count = tracking.sample_count
         self.samples = SampleSchedule(tracking.sample_every)
-        self.trainer = None  # set after the trainer is built: sample completions come from its `_logs`
+        self.trainer = None  # set after the trainer is built: sample completions come from its latest batch
         self.progress: Progress | None = None
         self._task = None
         self._max_steps = 0
@@ -424,7 +426,7 @@ class _RunConsole:
         self.console.print(Text(line), soft_wrap=True)
         for finding in self.findings.update(step, logs):
             self.console.print(Text(finding.line, style="bold yellow"), soft_wrap=True)
-        if self.trainer is not None and getattr(self.trainer, "_logs", None) and self.samples.due(step):
+        if self.trainer is not None and logs_of(self.trainer) and self.samples.due(step):
             self.show_samples(step)
 
     def on_train_end(self, args, state, control, **kwargs):
@@ -455,7 +457,7 @@ class _RunConsole:
 
     def show_samples(self, step: int) -> None:
         """Print a few completions of the latest rollout with their rewards and advantages."""
-        samples = pick_samples(self.trainer._logs, self.sample_count)
+        samples = pick_samples(logs_of(self.trainer), self.sample_count)
         for k, sample in enumerate(samples, 1):
             self.console.print(sample_panel(sample, f"sample {k}/{len(samples)} at step {step}"))
 

@@ -16,35 +16,45 @@ from trl import GRPOTrainer
 from grpo_cli.arguments import SamplingArguments
 from grpo_cli.atomic import json_text
 from grpo_cli.console import console
+from grpo_cli.engine import is_nonfinite_sampling
+from grpo_cli.engine.lm_head import use_lean_lm_head
+from grpo_cli.engine.offload import LayerInputOffload
 from grpo_cli.errors import UserError
 from grpo_cli.recipe import Recipe, reward_funcs
 from grpo_cli.train.dynamic_sampling import FreshPrompts, choose, flat_groups, is_short, merge, prompt_key
 from grpo_cli.train.health import GuardedSteps, NonFiniteStop
-from grpo_cli.train.lm_head import use_lean_lm_head
-from grpo_cli.train.memory import explains_out_of_memory
-from grpo_cli.train.offload import LayerInputOffload
-from grpo_cli.train.rollout import is_nonfinite_sampling, static_rollout
+from grpo_cli.train.memory_fixes import explains_out_of_memory
+from grpo_cli.train.rollout_func import static_rollout
 from grpo_cli.train.run import TrainingRun
+from grpo_cli.trl_private import (
+    BatchSteps,
+    logs_of,
+    metrics_of,
+    prepared_micro_batches,
+    text_tokenizer,
+    training_columns,
+)
 
 
-class RLTrainer(GuardedSteps, GRPOTrainer):
+class RLTrainer(GuardedSteps, BatchSteps, GRPOTrainer):
     """GRPOTrainer that checks each scored batch for non-finite numbers (the run's `StepGuard`), appends every
     scored rollout (prompt, completion, rewards, advantage) to a JSONL file, and with `sampling.dynamic_sampling`
-    trains only on groups whose completions got different rewards (`grpo_cli.train.dynamic_sampling`)."""
+    trains only on groups whose completions got different rewards (`grpo_cli.train.dynamic_sampling`). It takes over
+    TRL's steps of a generation batch through `BatchSteps` (grpo_cli/trl_private.py), under names of our own."""
 
     rollouts_path: Path | None = None
     sampling: SamplingArguments | None = None
     _last_rewards = None  # the latest scored batch's rewards, gathered from every process
     _said_short = False
 
-    def _generate_and_score_completions(self, inputs):
+    def generate_and_score(self, inputs):
         output = self._score(inputs)
         if self.sampling is not None and self.sampling.dynamic_sampling and self.model.training:
             output = self._sample_dynamically(inputs, output)
         return output
 
-    def _calculate_rewards(self, *args, **kwargs):
-        rewards = super()._calculate_rewards(*args, **kwargs)
+    def calculate_rewards(self, *args, **kwargs):
+        rewards = super().calculate_rewards(*args, **kwargs)
         self._last_rewards = rewards
         return rewards
 
@@ -62,7 +72,7 @@ class RLTrainer(GuardedSteps, GRPOTrainer):
             )
         groups = len(inputs) // n
         batches, flat = [output], [self._flat_groups()]
-        metrics = self._metrics["train"]
+        metrics = metrics_of(self)
         if not any(flat[0]):
             metrics["dynamic_sampling/dropped_share"].append(0.0)
             metrics["dynamic_sampling/rounds"].append(0.0)
@@ -72,8 +82,9 @@ class RLTrainer(GuardedSteps, GRPOTrainer):
         while len(batches) <= self.sampling.dynamic_sampling_max_rounds and is_short(flat, processes, groups):
             if fresh is None:
                 # seeded by the generation batch's place in the run, so a resumed run draws the same prompts
-                step = [self.args.seed, self.state.global_step, self._step % self.args.gradient_accumulation_steps]
-                seen = {prompt_key(prompt) for prompt in self._logs["prompt"]}  # this batch's, from every process
+                step = [self.args.seed, self.state.global_step,
+                        prepared_micro_batches(self) % self.args.gradient_accumulation_steps]
+                seen = {prompt_key(prompt) for prompt in logs_of(self)["prompt"]}  # this batch's, from every process
                 fresh = FreshPrompts(self._fresh_dataset(), step, seen)
             drawn = fresh.take(groups * processes)[process * groups : (process + 1) * groups]
             batches.append(self._score([dict(row) for row in drawn for _ in range(n)]))
@@ -82,7 +93,8 @@ class RLTrainer(GuardedSteps, GRPOTrainer):
         per_sequence = frozenset()
         if str(getattr(self, "vllm_importance_sampling_mode", "")).startswith("sequence"):
             per_sequence = frozenset({"importance_sampling_ratio"})
-        merged = merge(batches, choice.picks, n, self._tokenizer.pad_token_id, self.pad_to_multiple_of, per_sequence)
+        pad = text_tokenizer(self).pad_token_id
+        merged = merge(batches, choice.picks, n, pad, self.pad_to_multiple_of, per_sequence)
         loss_mask = merged["completion_mask"] * merged["tool_mask"] if "tool_mask" in merged else merged["completion_mask"]
         merged["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         rounds = len(batches) - 1
@@ -113,14 +125,14 @@ class RLTrainer(GuardedSteps, GRPOTrainer):
                 "`dynamic_sampling` draws fresh prompts by index, and this training set is a streaming dataset - "
                 "load it as a regular dataset, or set `dynamic_sampling: false`"
             )
-        self._fresh_rows = self._remove_unused_columns(self.train_dataset, description="training")
+        self._fresh_rows = training_columns(self, self.train_dataset, "training")
         return self._fresh_rows
 
     def _score(self, inputs):
         """The parent's generation and scoring of `inputs`, with the guard's check and the rollouts file."""
-        before = len(self._logs["advantages"])
+        before = len(logs_of(self)["advantages"])
         try:
-            output = super()._generate_and_score_completions(inputs)
+            output = super().generate_and_score(inputs)
         except RuntimeError as err:
             if not is_nonfinite_sampling(err):
                 raise
@@ -130,7 +142,7 @@ class RLTrainer(GuardedSteps, GRPOTrainer):
                 f"finite ({err}) - the model's forward pass overflows in {self.model.dtype}; nothing was saved "
                 "from this step"
             ) from None
-        count = len(self._logs["advantages"]) - before or len(self._logs["advantages"])
+        count = len(logs_of(self)["advantages"]) - before or len(logs_of(self)["advantages"])
         if self.model.training and self.step_guard is not None:
             self._check_scores(output["advantages"], count)
         if self.rollouts_path is not None and self.accelerator.is_main_process and self.model.training:
@@ -141,16 +153,16 @@ class RLTrainer(GuardedSteps, GRPOTrainer):
         """Tell the guard about infinite rewards (NaN is a reward that did not apply) and non-finite advantages."""
         import torch
 
-        start = len(self._logs["advantages"]) - count
-        for name, values in self._logs["rewards"].items():
+        logs = logs_of(self)
+        start = len(logs["advantages"]) - count
+        for name, values in logs["rewards"].items():
             if any(math.isinf(v) for v in list(values)[start:]):
                 self.step_guard.note("rewards", name)
         if not bool(torch.isfinite(advantages).all()):
             self.step_guard.note("advantages")
 
     def _write_rollouts(self, count: int) -> None:
-        # The trainer keeps the latest generation batch, gathered from every process, in `_logs`.
-        logs = self._logs
+        logs = logs_of(self)  # the latest generation batch, gathered from every process
         start = len(logs["advantages"]) - count
         rewards = {name: list(values)[start:] for name, values in logs["rewards"].items()}
         with open(self.rollouts_path, "a", encoding="utf-8") as out:

@@ -104,8 +104,8 @@ def _training_sets_the_peak(recipe: Recipe) -> str | None:
     with full fine-tuning, whose weight gradients add to the forward/backward's side; all of it with LoRA)."""
     from transformers import AutoConfig
 
+    from grpo_cli.engine.offload import layer_input_share
     from grpo_cli.recipe.check import generation_batch
-    from grpo_cli.train.offload import layer_input_share
 
     values = recipe.resolved()
     if not values.get("gradient_checkpointing"):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from grpo_cli.recipe import Recipe
 from grpo_cli.train.health import GuardedSteps
-from grpo_cli.train.memory import explains_out_of_memory
+from grpo_cli.train.memory_fixes import explains_out_of_memory
 from grpo_cli.train.run import TrainingRun
 
 

@@ -18,6 +18,7 @@ from grpo_cli.console import console
 from grpo_cli.errors import UserError
 from grpo_cli.recipe.check import tracking_problems
 from grpo_cli.train.console import SampleSchedule, pick_samples
+from grpo_cli.trl_private import logs_of
 
 # Our recipe says "cloud"; swanlab says "online".
 SWANLAB_MODES = {"cloud": "online", "local": "local", "offline": "offline"}
@@ -63,7 +64,7 @@ def swanlab_callback(tracking: TrackingArguments, output_dir: str, run_name: str
 
 
 def sample_texts(rollout_logs: dict[str, Any], count: int) -> list:
-    """swanlab.Text items for a few completions of GRPOTrainer's latest rollout (`_logs`)."""
+    """swanlab.Text items for a few completions of GRPOTrainer's latest rollout (`trl_private.logs_of`)."""
     import swanlab
 
     texts = []
@@ -114,7 +115,7 @@ def _callback_class() -> type:
                 if new:
                     texts = [swanlab.Text(f.line, caption=f.name) for f in new]
                     self._log({"diagnosis/findings": texts}, self._get_step(state))
-            rollout = getattr(self.trainer, "_logs", None)
+            rollout = logs_of(self.trainer)
             if not logs or not rollout or not self._can_log(state) or "train_runtime" in logs:
                 return
             if self.samples.due(state.global_step) and (texts := sample_texts(rollout, self.sample_count)):

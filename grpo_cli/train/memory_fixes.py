@@ -1,82 +1,20 @@
-"""Out of GPU memory: where a run ran out, and which recipe keys buy the memory back, instead of a traceback.
+"""Out of GPU memory in `grpo rl` / `grpo sft`: which recipe keys buy the memory back, instead of a traceback.
 
-The phase is read from the traceback (TRL's and transformers' function names); the advice uses the recipe's
-effective values, so each fix is a line to paste: halve the micro-batch and double the accumulation (the same
-completions per step), generate a step's completions in smaller batches, shorten completions, LoRA or 4-bit.
+Where the run ran out comes from the engine (`grpo_cli.engine.memory`); the advice uses the recipe's effective
+values, so each fix is a line to paste: halve the micro-batch and double the accumulation (the same completions per
+step), generate a step's completions in smaller batches, shorten completions, LoRA or 4-bit.
 """
 
 from __future__ import annotations
 
 import functools
-import re
-import traceback
 
+from grpo_cli.engine.memory import PHASE_TEXT, failure_phase, fragmented, gpu_numbers, is_out_of_memory
 from grpo_cli.errors import UserError
 from grpo_cli.launch import world_size
 from grpo_cli.recipe import Recipe
 from grpo_cli.recipe.check import generation_batch
 from grpo_cli.train.checkpoints import latest_checkpoint
-
-# Function names on the traceback that place a failure, most specific first (the optimizer: by torch/optim files).
-PHASES = (
-    ("generation", {"_generate", "_generate_single_turn", "sample_completions", "generate"}),
-    # the batch's log-probs without gradients (old policy, reference model)
-    ("scoring", {"_generate_and_score_completions"}),
-    ("forward/backward", {"compute_loss", "backward", "training_step"}),
-)
-PHASE_TEXT = {
-    "generation": "while generating completions",
-    "scoring": "while computing the batch's log-probabilities (no gradients)",
-    "forward/backward": "in the policy's forward/backward",
-    "optimizer": "in the optimizer step",
-    "loading": "while loading the model onto the GPU",
-    "training": "during training",
-}
-
-
-def is_out_of_memory(err: BaseException) -> bool:
-    import torch
-
-    return isinstance(err, torch.OutOfMemoryError)
-
-
-def failure_phase(err: BaseException) -> str:
-    """Which part of a run raised `err`, from the function names on its traceback."""
-    frames = traceback.extract_tb(err.__traceback__)
-    names = {frame.name for frame in frames}
-    for phase, functions in PHASES:
-        if functions & names:
-            return phase
-    if any("/torch/optim/" in frame.filename.replace("\\", "/") for frame in frames):
-        return "optimizer"
-    return "training" if "train" in names else "loading"
-
-
-def _gpu_numbers(err: BaseException) -> str:
-    """What the GPU holds and what the failed allocation asked for, as far as torch tells."""
-    import torch
-
-    parts = []
-    asked = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", str(err))
-    if asked:
-        parts.append(f"tried to allocate {asked.group(1)}")
-    if torch.cuda.is_available():
-        device = torch.cuda.current_device()
-        total = torch.cuda.get_device_properties(device).total_memory / 2**30
-        peak = torch.cuda.max_memory_allocated(device) / 2**30
-        parts.append(f"GPU {device}: {total:.1f} GiB, tensors peaked at {peak:.1f} GiB")
-    return f" ({'; '.join(parts)})" if parts else ""
-
-
-def _fragmented() -> bool:
-    """Whether much of the memory torch holds is reserved but free (fragmentation)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return False
-    reserved, allocated = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
-    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    return reserved - allocated > 0.1 * total
 
 
 def _places(recipe: Recipe, *keys: str) -> str:
@@ -161,7 +99,7 @@ def memory_fixes(recipe: Recipe, phase: str) -> list[str]:
             fixes.append(
                 "several GPUs: `--num-processes N --accelerate-config zero3` shards weights and optimizer state"
             )
-    if _fragmented():
+    if fragmented():
         fixes.append(
             "much memory is reserved but free (fragmentation): `PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True` "
             "under the recipe's `env:`"
@@ -172,7 +110,7 @@ def memory_fixes(recipe: Recipe, phase: str) -> list[str]:
 def out_of_memory_problem(recipe: Recipe, err: BaseException) -> str:
     """One message: what ran out where, the fixes with this recipe's numbers, and what a rerun resumes from."""
     phase = failure_phase(err)
-    head = f"out of GPU memory {PHASE_TEXT[phase]}{_gpu_numbers(err)}"
+    head = f"out of GPU memory {PHASE_TEXT[phase]}{gpu_numbers(err)}"
     if phase == "generation":
         batch, micro, per_generation = _generation_batch(recipe)
         where = _places(
@@ -207,18 +145,3 @@ def explains_out_of_memory(run):
             raise UserError(problem) from None
 
     return wrapper
-
-
-def eval_out_of_memory_problem(
-    model: str, batch_size: int, num_generations: int, max_new_tokens: int, err
-) -> str:
-    """`grpo eval` ran out: each batch generates batch_size x num_generations completions at once."""
-    head = (
-        f"out of GPU memory evaluating {model}{_gpu_numbers(err)}: each batch generates {batch_size} prompts x "
-        f"{num_generations} completions at once, up to {max_new_tokens} tokens each. To fit:"
-    )
-    lines = [head]
-    if batch_size > 1:
-        lines.append(f"    - `--batch-size {batch_size // 2}` (the same results, smaller batches)")
-    lines.append(f"    - `--max-new-tokens {max(1, max_new_tokens // 2)}` (shorter completions)")
-    return "\n".join(lines)

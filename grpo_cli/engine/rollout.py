@@ -5,8 +5,9 @@ tens of milliseconds per token on a small model whose weights the GPU reads in w
 allocated once per rollout and the one-token step of the whole batch is captured as a CUDA graph. The sampling is
 TRL's: float32 logits, temperature, top-k, top-p, min-p, and a completion ends at its first EOS token, which it keeps.
 
-GRPO samples several completions of each prompt: a prompt is tokenized and goes through the prefill once, and its
-keys and values fill the cache rows of all its completions (each then drawn on its own).
+`grpo rl` samples through it as TRL's `rollout_func` (grpo_cli/train/rollout_func.py), `grpo eval` directly; both
+call `sample_completions`. GRPO samples several completions of each prompt: a prompt goes through the prefill once,
+and its keys and values fill the cache rows of all its completions (each then drawn on its own).
 
 It reuses the model's own modules (norms, projections with any LoRA layers, MLP, rotary embedding), so only the
 attention and the cache are ours; models of another shape, and set-ups it does not cover, go through TRL's path.
@@ -21,11 +22,10 @@ from __future__ import annotations
 
 import inspect
 import logging
-import math
 import weakref
 from dataclasses import dataclass
 
-logger = logging.getLogger("grpo_cli.train.rollout")
+logger = logging.getLogger("grpo_cli.engine.rollout")
 
 # Decoder-only families whose layers are: norm -> attention (q/k/v/o projections, rotary, optional q/k norms) ->
 # residual -> norm -> MLP -> residual, with plain scaled dot-product attention over all earlier tokens.
@@ -577,7 +577,7 @@ def sample_completions(
         checked = not use_graphs or model in _GRAPHS_CHECKED or _has_active_dropout(model)
         # GRPO samples several completions per prompt: each distinct prompt goes through the prefill once, and its
         # keys/values fill the cache rows of all its completions.
-        firsts, rows = _distinct([tuple(tokens) for tokens in prompt_ids])
+        firsts, rows = distinct_rows([tuple(tokens) for tokens in prompt_ids])
         if SHARED_PREFILL and len(firsts) < batch:
             firsts, rows = torch.tensor(firsts, device=device), torch.tensor(rows, device=device)
             logits = decoder.prefill(ids[firsts], attention[firsts], rows)
@@ -647,27 +647,7 @@ def without_peft_wrapper(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def _policy(trainer):
-    """The trainer's model without its distributed and PEFT wrappers (LoRA layers stay in place)."""
-    return without_peft_wrapper(trainer.accelerator.unwrap_model(trainer.model))
-
-
-def trainer_fallback_reason(trainer) -> str | None:
-    """Why this trainer's rollouts must go through TRL's own generation (None when ours can serve them)."""
-    if trainer.use_vllm or getattr(trainer, "use_transformers_continuous_batching", False):
-        return "vLLM or continuous batching generates"
-    if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
-        return "DeepSpeed/FSDP shard the weights"
-    if trainer.tools or getattr(trainer, "environment_factories", None) or getattr(trainer, "_is_vlm", False):
-        return "tools, environments and images need TRL's generation loop"
-    if trainer.args.generation_kwargs:
-        return "generation_kwargs are set"
-    if trainer.repetition_penalty not in (None, 1.0):
-        return "repetition_penalty is set"
-    return unsupported_reason(_policy(trainer))
-
-
-def _distinct(keys: list) -> tuple[list[int], list[int]]:
+def distinct_rows(keys: list) -> tuple[list[int], list[int]]:
     """The first row of each distinct key, in order, and each row's index among them (GRPO repeats every prompt
     `num_generations` times)."""
     index: dict = {}
@@ -676,70 +656,3 @@ def _distinct(keys: list) -> tuple[list[int], list[int]]:
     for row in reversed(range(len(rows))):
         firsts[rows[row]] = row
     return firsts, rows
-
-
-def _tokenize_distinct(prompts: list, trainer):
-    """TRL's tokenization of the prompts (chat template and all), each distinct prompt once."""
-    firsts, rows = _distinct([repr(prompt) for prompt in prompts])
-    if len(firsts) == len(prompts):
-        return trainer._tokenize_prompts(prompts)
-    ids, images, fields = trainer._tokenize_prompts([prompts[row] for row in firsts])
-    if images is not None or fields:  # images and multimodal fields go row by row
-        return trainer._tokenize_prompts(prompts)
-    return [list(ids[u]) for u in rows], None, fields
-
-
-class StaticCacheRollout:
-    """TRL `rollout_func`: completions from `sample_completions`, or from TRL's own generation where it can't serve."""
-
-    def __init__(self):
-        self.reported = False
-
-    def __call__(self, prompts: list, trainer) -> dict:
-        reason = trainer_fallback_reason(trainer)
-        if not self.reported:
-            self.reported = True
-            if reason:
-                logger.info("rollouts through TRL's generation: %s", reason)
-        if reason:  # as TRL tokenizes them (environments render each row with its own tools)
-            prompt_ids, images, fields = trainer._tokenize_prompts(prompts)
-        else:
-            prompt_ids, images, fields = _tokenize_distinct(prompts, trainer)
-        if reason or images is not None or fields:
-            generations = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
-            completion_ids, _ = trainer._generate_single_turn(prompt_ids, images, fields, generations)
-        else:
-            sampling = Sampling(trainer.temperature, trainer.top_k, trainer.top_p, trainer.min_p)
-            completion_ids, logprobs = sample_completions(
-                _policy(trainer),
-                prompt_ids,
-                trainer.max_completion_length,
-                list(trainer.eos_token_ids),
-                trainer._tokenizer.pad_token_id,
-                sampling,
-                check_finite=False,
-            )
-            if not all(math.isfinite(value) for row in logprobs for value in row):
-                guard = getattr(trainer, "step_guard", None)
-                if guard is None or not trainer.model.training:
-                    raise NonFiniteProbabilities("completions drew tokens from non-finite probabilities")
-                guard.note("rollout probabilities")  # its step applies no update, on every process alike
-        # No sampling log-probs: TRL would then use them in place of its own (off-policy masks), changing the loss.
-        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
-
-
-def static_rollout(args, model) -> StaticCacheRollout | None:
-    """The rollout function for a GRPOConfig asking for `cache_implementation: static` (None: TRL's path)."""
-    if getattr(args, "cache_implementation", None) != "static" or args.use_vllm:
-        return None
-    import torch
-
-    if args.use_cpu or not torch.cuda.is_available():
-        return None  # a GPU lever: on the CPU, TRL's own `generate` is several times faster
-    if getattr(args, "use_transformers_continuous_batching", False):
-        return None
-    reason = unsupported_reason(model)
-    if reason:
-        logger.info("rollouts through TRL's generation: %s", reason)
-        return None
-    return StaticCacheRollout()

@@ -18,6 +18,8 @@ import torch
 from trl.kernels import chunked_logprob as trl_kernels
 from trl.trainer import utils as trl_utils
 
+from grpo_cli import trl_private
+
 
 class LeanChunkedLogProb(trl_kernels.ChunkedLogProbFunction):
     """TRL's `ChunkedLogProbFunction` (same forward) with a backward that holds one vocabulary chunk's gradient."""
@@ -29,7 +31,7 @@ class LeanChunkedLogProb(trl_kernels.ChunkedLogProbFunction):
         chunk = ctx.chunk_size
         needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         n_tokens, token_chunk = hidden.shape[0], trl_kernels.TOKEN_CHUNK_SIZE
-        triton = trl_kernels._use_triton(hidden.device)
+        triton = trl_private.kernels_use_triton(hidden.device)
         with trl_utils.maybe_gather_lm_head_ctx(weight, bias):
             vocab = weight.shape[0]
             fp32 = {"device": hidden.device, "dtype": torch.float32}
@@ -58,13 +60,7 @@ class LeanChunkedLogProb(trl_kernels.ChunkedLogProbFunction):
                     torch.mm(hidden_chunk, w_chunk.t(), out=tile)
                     if bias is not None:
                         tile.add_(bias[start:end].to(dtype))
-                    fold = (
-                        trl_kernels._backward_kernel[
-                            (n, trl_kernels.triton.cdiv(end - start, trl_kernels._BLOCK_SIZE))
-                        ]
-                        if triton
-                        else trl_kernels._backward_tile
-                    )
+                    fold = trl_private.backward_fold(triton, n, end - start)
                     fold(
                         tile,
                         tile.stride(0),
@@ -77,13 +73,13 @@ class LeanChunkedLogProb(trl_kernels.ChunkedLogProbFunction):
                         end - start,
                         HAS_LOGPROB_GRAD=grad_logprobs is not None,
                         HAS_ENTROPY_GRAD=grad_entropy is not None,
-                        BLOCK_SIZE=trl_kernels._BLOCK_SIZE,
+                        BLOCK_SIZE=trl_private.kernel_block_size(),
                         **ctx.kernel_args,
                     )
                     if grad_hidden is not None:
-                        trl_kernels._addmm_fp32(grad_hidden[token_start:token_end], tile, w_chunk)
+                        trl_private.addmm_fp32(grad_hidden[token_start:token_end], tile, w_chunk)
                     if needs_weight:
-                        trl_kernels._addmm_fp32(weight_sum, tile.t(), hidden_chunk)
+                        trl_private.addmm_fp32(weight_sum, tile.t(), hidden_chunk)
                     if grad_bias is not None:
                         grad_bias[start:end] += tile.sum(dim=0, dtype=torch.float32)
                 if summed is not None:
@@ -99,4 +95,4 @@ class LeanChunkedLogProb(trl_kernels.ChunkedLogProbFunction):
 
 def use_lean_lm_head() -> None:
     """Make TRL's fused LM head (every GRPOTrainer's policy forward) run `LeanChunkedLogProb`."""
-    trl_utils._ChunkedLogProbFunction = LeanChunkedLogProb
+    trl_private.use_chunked_logprob(LeanChunkedLogProb)

@@ -155,6 +155,6 @@ def layer_input_share(config, micro_batch: int, generation_rows: int) -> float:
     rollout, sets it; measured on Qwen2.5 shapes (benchmarks/README.md), it did at shares of 0.75-0.88 (32
     completions of 256 tokens per micro-batch) and could not at 0.19-0.22 (8 of 1024), where the rollout peaked
     (since the shared prefill, the forward/backward peaks there too, under plain TRL's without offloading)."""
-    from grpo_cli.train.rollout import cache_width
+    from grpo_cli.engine.rollout import cache_width
 
     return micro_batch * config.hidden_size / (generation_rows * cache_width(config))

@@ -1,0 +1,27 @@
+"""The speed layer under training and evaluation: grpo's static-cache sampler (`rollout`), the lean LM-head
+backward (`lm_head`), layer-input offloading (`offload`), and where a run ran out of GPU memory (`memory`).
+
+`grpo rl` (through TRL's `rollout_func`, grpo_cli/train/rollout_func.py) and `grpo eval` sample through the names
+below, so both draw completions the same way. The engine sits below the commands: it imports none of them, nor
+the recipe or the trainer.
+"""
+
+from grpo_cli.engine.rollout import (
+    NonFiniteProbabilities,
+    Sampling,
+    distinct_rows,
+    is_nonfinite_sampling,
+    sample_completions,
+    unsupported_reason,
+    without_peft_wrapper,
+)
+
+__all__ = [
+    "NonFiniteProbabilities",
+    "Sampling",
+    "distinct_rows",
+    "is_nonfinite_sampling",
+    "sample_completions",
+    "unsupported_reason",
+    "without_peft_wrapper",
+]
