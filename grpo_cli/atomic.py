@@ -1,11 +1,12 @@
-"""Files written whole or not at all: a temporary file beside the target, then a rename over it. JSON is strict:
-a NaN or inf number is written as null."""
+"""Files and folders written whole or not at all: a temporary file beside the target, then a rename over it; a
+finished folder swapped in by renames. JSON is strict: a NaN or inf number is written as null."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -29,6 +30,26 @@ def write_bytes(path: str | Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def old_folder_name(target: Path) -> Path:
+    """Where `replace_folder` parks the folder it replaces (hidden, named after `target` and this process, so that a
+    later run can tell a killed swap's leftover from a running one's)."""
+    return target.with_name(f".{target.name}.old-{os.getpid()}")
+
+
+def replace_folder(staging: str | Path, target: str | Path) -> None:
+    """Put the finished folder `staging` at `target` (beside it, on the same file system): an existing `target` is
+    renamed away first and removed only after the swap, so at every moment `target` is the old folder or the new
+    one, whole."""
+    staging, target = Path(staging), Path(target)
+    old = None
+    if target.exists():
+        old = old_folder_name(target)
+        os.replace(target, old)
+    os.replace(staging, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def finite(value):

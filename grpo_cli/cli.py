@@ -150,7 +150,7 @@ def _train(
     if relaunch:
         processes = launch.num_processes(accelerate_config, num_processes)
         raise typer.Exit(launch.run_relaunch(launch.relaunch_command(sys.argv[1:], processes, accelerate_config)))
-    from grpo_cli.train.console import quiet_libraries
+    from grpo_cli.train.progress import quiet_libraries
 
     quiet_libraries()  # before trl, transformers and deepspeed are first imported
     if command == "rl":
@@ -249,7 +249,7 @@ def merge(
 ) -> None:
     """Merge a LoRA adapter into its base model: a standalone model folder, checked against base + adapter."""
     from grpo_cli.merge import merge_adapter, print_report
-    from grpo_cli.train.console import quiet_libraries
+    from grpo_cli.train.progress import quiet_libraries
 
     quiet_libraries()
     print_report(merge_adapter(adapter, output, base=base, dtype=dtype, force=force))
@@ -321,7 +321,7 @@ def eval_(
     Keys after the options override the recipe: `grpo eval -c countdown -m base -m outputs/countdown --dataset_name rows.jsonl`.
     """
     from grpo_cli.eval import run_eval
-    from grpo_cli.train.console import quiet_libraries
+    from grpo_cli.train.progress import quiet_libraries
 
     quiet_libraries()
     run_eval(

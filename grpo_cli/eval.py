@@ -128,10 +128,10 @@ def summarize(
 
 def score_completions(task, reward_funcs: list, rows: list[dict], completions: list[str]) -> list[dict]:
     """Rewards, format and correctness of completions[i] for rows[i] (each row holds its "prompt" messages)."""
-    from grpo_cli.tasks import completion_text
+    from grpo_cli.tasks import as_chats, completion_text
 
     prompts = [row["prompt"] for row in rows]
-    chats = [[{"role": "assistant", "content": text}] for text in completions]
+    chats = as_chats(completions)
     columns = {key: [row[key] for row in rows] for key in rows[0] if key != "prompt"} if rows else {}
     rewards: dict[str, list] = {}
     for func in reward_funcs:

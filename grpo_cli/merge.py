@@ -16,7 +16,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from grpo_cli.atomic import check_writable
+from grpo_cli.atomic import check_writable, replace_folder
 from grpo_cli.errors import UserError
 from grpo_cli.models import find_adapter, load_tokenizer, quiet_progress_bars, resolve_model
 
@@ -68,7 +68,8 @@ def check_output(output: Path, force: bool, protected: list[Path]) -> None:
 
 
 def base_model_of(adapter_dir: Path) -> str | None:
-    """The base model recorded in an adapter's adapter_config.json."""
+    """The base model recorded in an adapter's adapter_config.json (read directly rather than through peft's
+    `PeftConfig.from_pretrained`: no Hub lookup for a local folder, and a damaged file is one message)."""
     try:
         config = json.loads((adapter_dir / "adapter_config.json").read_text())
     except (OSError, json.JSONDecodeError) as err:
@@ -248,7 +249,7 @@ def merge_adapter(
         )
         report.files = sorted(p.name for p in staging.iterdir()) + ["merge.json"]
         (staging / "merge.json").write_text(json.dumps(asdict(report), indent=1) + "\n")
-        _move_into_place(staging, out)
+        replace_folder(staging, out)  # an existing output (allowed by --force) goes only after the swap
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -275,17 +276,6 @@ def _running(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _move_into_place(staging: Path, out: Path) -> None:
-    """Swap the finished folder in; an existing output (allowed by --force) is removed only after the swap."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-    os.replace(staging, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def print_report(report: MergeReport) -> None:

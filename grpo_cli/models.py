@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_cli.atomic import replace_folder
 from grpo_cli.errors import UserError
 
 
@@ -68,7 +69,7 @@ _WEIGHT_FILES = (
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
-_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")  # what the trainer names the checkpoint of step N
 _DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
@@ -132,20 +133,6 @@ def resolve_model(name_or_path: str, revision: str | None = None) -> str:
 # --------------------------------------------------------------------------------------- demo model preparation
 
 
-@contextmanager
-def _lock(path: Path):
-    """Exclusive lock so parallel processes (multi-GPU launches, test workers) prepare a model once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        try:
-            import fcntl
-
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        except ImportError:  # Windows: no lock, the rename below still keeps the folder whole
-            pass
-        yield
-
-
 def prepare_demo_model(name: str, force: bool = False) -> Path:
     """Download and convert demo model `name` into the cache once; return its folder."""
     key = name.strip().lower()
@@ -155,7 +142,11 @@ def prepare_demo_model(name: str, force: bool = False) -> Path:
     target = demo_model_dir(key)
     if is_prepared(target) and not force:
         return target
-    with _lock(target.parent / f".{key}.lock"):
+    from filelock import FileLock
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Parallel processes (multi-GPU launches, test workers) prepare a model once: the others wait, then find it.
+    with FileLock(target.parent / f".{key}.lock"):
         if is_prepared(target) and not force:  # another process finished it while we waited
             return target
         _prepare(demo, target)
@@ -197,9 +188,7 @@ def _prepare(demo: DemoModel, target: Path) -> None:
                 model, tokenizer = _load_gguf(gguf_path, demo)
             step = progress.add_task("save safetensors", total=1)
             _save_plain(model, tokenizer, work / "model", demo)
-            if target.exists():  # only with force: an earlier, complete copy
-                shutil.rmtree(target)
-            os.replace(work / "model", target)
+            replace_folder(work / "model", target)  # with force, over an earlier complete copy
             progress.update(step, completed=1)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -607,11 +596,14 @@ def refuse_nonfinite(model, source: str) -> None:
 # ------------------------------------------------------------------------------------------ trained outputs
 
 
-def _checkpoints(folder: Path, marker: str) -> list[tuple[int, Path]]:
+def checkpoint_folders(folder: str | os.PathLike, marker: str | None = None) -> list[tuple[int, Path]]:
+    """The `checkpoint-N` folders in `folder` as (N, path), oldest first; with `marker`, only those holding that
+    file (a checkpoint being written may not hold it yet)."""
+    folder = Path(folder)
     found = []
-    for child in folder.iterdir():
-        match = _CHECKPOINT_RE.match(child.name)
-        if match and child.is_dir() and (child / marker).is_file():
+    for child in folder.iterdir() if folder.is_dir() else ():
+        match = CHECKPOINT_NAME.match(child.name)
+        if match and child.is_dir() and (marker is None or (child / marker).is_file()):
             found.append((int(match.group(1)), child))
     return sorted(found)
 
@@ -629,7 +621,7 @@ def find_full_model(path: str | os.PathLike) -> tuple[Path, str] | None:
         return None
     if _is_full_model(folder):
         return folder, str(path)
-    checkpoints = [(step, c) for step, c in _checkpoints(folder, "config.json") if _is_full_model(c)]
+    checkpoints = [(step, c) for step, c in checkpoint_folders(folder, "config.json") if _is_full_model(c)]
     if checkpoints:
         step, latest = checkpoints[-1]
         return latest, f"{folder.name}/{latest.name} (latest checkpoint, step {step})"
@@ -644,14 +636,14 @@ def find_adapter(path: str | os.PathLike) -> tuple[Path, str]:
             f"adapter folder {path} does not exist - give a run's output folder or a checkpoint folder"
         )
     if (folder / "adapter_config.json").is_file():
-        if _CHECKPOINT_RE.match(folder.name):
+        if CHECKPOINT_NAME.match(folder.name):
             return folder, f"{folder.parent.name}/{folder.name}"
         return folder, folder.name
-    checkpoints = _checkpoints(folder, "adapter_config.json")
+    checkpoints = checkpoint_folders(folder, "adapter_config.json")
     if checkpoints:
         step, latest = checkpoints[-1]
         return latest, f"{folder.name}/{latest.name} (latest checkpoint, step {step})"
-    if _is_full_model(folder) or _checkpoints(folder, "config.json"):
+    if _is_full_model(folder) or checkpoint_folders(folder, "config.json"):
         raise UserError(
             f"nothing to merge: {path} holds a full fine-tuned model (config.json and weights, no "
             "adapter_config.json) - it is already a complete model; use it directly, e.g. grpo eval --model "

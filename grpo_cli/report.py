@@ -19,8 +19,8 @@ from pathlib import Path
 from grpo_cli.atomic import check_writable, write_bytes, write_text
 from grpo_cli.diagnosis import Finding, diagnose, finite_number, is_training_log, nonfinite_steps
 from grpo_cli.errors import UserError
+from grpo_cli.models import CHECKPOINT_NAME, checkpoint_folders
 
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 MAX_TABLE_ROWS = 25
 COLORS = ("tab:blue", "tab:orange")
 # The panel that shows what a finding is about: a dotted line marks the step it began there.
@@ -84,15 +84,6 @@ def _read_json(path: Path) -> dict:
     return data
 
 
-def _checkpoints(folder: Path) -> list[tuple[int, Path]]:
-    found = []
-    for child in folder.iterdir() if folder.is_dir() else ():
-        match = _CHECKPOINT.match(child.name)
-        if match and (child / "trainer_state.json").is_file():
-            found.append((int(match.group(1)), child))
-    return sorted(found)
-
-
 def _last_step(history: list) -> int:
     steps = [entry.get("step") for entry in history if isinstance(entry, dict)]
     return max((int(s) for s in steps if isinstance(s, (int, float)) and not isinstance(s, bool)), default=-1)
@@ -106,7 +97,8 @@ def _history_source(folder: Path) -> tuple[Path, list, dict | None] | None:
         summary = _read_json(summary_file)
         history = summary.get("log_history") or []
         candidates.append((_last_step(history), 1, summary_file, history, summary))
-    states = [folder / "trainer_state.json"] + [c / "trainer_state.json" for _, c in _checkpoints(folder)[-1:]]
+    latest = checkpoint_folders(folder, "trainer_state.json")[-1:]
+    states = [folder / "trainer_state.json"] + [c / "trainer_state.json" for _, c in latest]
     for state_file in states:
         if state_file.is_file():
             history = _read_json(state_file).get("log_history") or []
@@ -204,7 +196,7 @@ def read_run(path: str | Path) -> RunLogs:
             history.append(dict(entry, step=entry.get("step", index + 1)))
     if not history:
         raise UserError(f"{source} has no step logged yet - wait for the run's first log (logging_steps), then retry")
-    checkpoint = _CHECKPOINT.match(folder.name)
+    checkpoint = CHECKPOINT_NAME.match(folder.name)
     root = folder.parent if checkpoint else folder
     if summary is None and checkpoint and (root / "train_summary.json").is_file():
         summary = _read_json(root / "train_summary.json")
@@ -222,7 +214,7 @@ def read_run(path: str | Path) -> RunLogs:
 
 def _run_name(folder: Path) -> str:
     folder = folder.resolve()
-    return f"{folder.parent.name}/{folder.name}" if _CHECKPOINT.match(folder.name) else folder.name
+    return f"{folder.parent.name}/{folder.name}" if CHECKPOINT_NAME.match(folder.name) else folder.name
 
 
 def is_eval_folder(path: str | Path) -> bool:

@@ -12,7 +12,7 @@ import pytest
 
 from grpo_cli.errors import UserError
 from grpo_cli.recipe import check_recipe, load_recipe
-from grpo_cli.train.console import metrics_line
+from grpo_cli.train.progress import metrics_line
 
 pytestmark = pytest.mark.slow
 

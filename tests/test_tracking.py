@@ -96,7 +96,7 @@ def format_reward(completions, **kwargs):
 
 
 def test_tiny_grpo_run_logged_offline(tiny_grpo_trainer, tmp_path, monkeypatch, capsys):
-    from grpo_cli.train.console import RunConsole, remove_default_printers
+    from grpo_cli.train.progress import RunConsole, remove_default_printers
 
     monkeypatch.setenv("SWANLAB_PROJECT", "project-from-env")
     output_dir = tmp_path / "my-run"

@@ -41,7 +41,8 @@ def _preview(prompt: Any, completion: Any) -> str:
 
 
 def settle(result: Any) -> Any:
-    """The value of an async reward's result (TRL sees the guard as a plain function)."""
+    """The value of an async reward's result. TRL gathers async rewards itself, but it sees the guard, a plain
+    function: the guard keeps an async reward inside its time limit and its error handling too."""
     if inspect.isawaitable(result):
 
         async def wait() -> Any:

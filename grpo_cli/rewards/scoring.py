@@ -15,7 +15,7 @@ from grpo_cli.atomic import check_writable, write_jsonl
 from grpo_cli.errors import UserError
 from grpo_cli.rewards.guard import RewardGuard, build_reward_funcs
 from grpo_cli.rewards.registry import REWARDS
-from grpo_cli.tasks.task import Task, for_prefill, get_task
+from grpo_cli.tasks.task import Task, as_chats, for_prefill, get_task
 
 BATCH_SIZE = 64
 MAX_LISTED_PROBLEMS = 20
@@ -189,7 +189,7 @@ def score_rows(
     for start in range(0, len(rows), BATCH_SIZE):
         batch = rows[start : start + BATCH_SIZE]
         prompts = [row["prompt"] for row in batch]
-        chats = [[{"role": "assistant", "content": text}] for text in completions[start : start + BATCH_SIZE]]
+        chats = as_chats(completions[start : start + BATCH_SIZE])
         keys = [k for k in batch[0] if k not in ("prompt", "completion")]
         columns = {k: [row.get(k) for row in batch] for k in keys if all(k in row for row in batch)}
         for guard, stat in zip(guards, stats):

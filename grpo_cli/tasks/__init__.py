@@ -15,12 +15,22 @@ from grpo_cli.tasks.dataset import (
     sft_dataset,
     task_problems,
 )
-from grpo_cli.tasks.task import TASKS, Task, completion_text, for_prefill, get_task, register_task, task_table
+from grpo_cli.tasks.task import (
+    TASKS,
+    Task,
+    as_chats,
+    completion_text,
+    for_prefill,
+    get_task,
+    register_task,
+    task_table,
+)
 
 __all__ = [
     "CHAT_TEMPLATES",
     "TASKS",
     "Task",
+    "as_chats",
     "chat_template_text",
     "completion_text",
     "dataset_source",

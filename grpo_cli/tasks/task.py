@@ -197,6 +197,12 @@ def task_table():
     return table
 
 
+def as_chats(completions: list[str]) -> list[list[dict]]:
+    """Completion texts as the conversational completions rewards receive (one assistant message each), as TRL
+    passes them for chat prompts."""
+    return [[{"role": "assistant", "content": text}] for text in completions]
+
+
 def completion_text(prompt: Any, completion: Any) -> str:
     """Text the rewards see: the assistant prefill (last prompt message, if from the assistant) + the completion.
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import shutil
 import signal
 from pathlib import Path
@@ -18,18 +17,12 @@ from transformers import TrainerCallback
 
 from grpo_cli.console import console
 from grpo_cli.errors import UserError
-from grpo_cli.models import damaged_weights
-
-CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+from grpo_cli.models import checkpoint_folders, damaged_weights
 
 
 def checkpoints(output_dir: str | Path) -> list[Path]:
     """All `checkpoint-N` folders, oldest first."""
-    root = Path(output_dir)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.is_dir() and CHECKPOINT.match(p.name)]
-    return sorted(found, key=lambda p: int(CHECKPOINT.match(p.name).group(1)))
+    return [path for _, path in checkpoint_folders(output_dir)]
 
 
 def is_complete(checkpoint: Path) -> bool:
@@ -41,7 +34,8 @@ def is_complete(checkpoint: Path) -> bool:
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint, or None."""
+    """The newest complete checkpoint, or None. (transformers' `get_last_checkpoint` takes the highest number, also
+    a checkpoint cut short while saving; this skips one without a readable trainer_state.json.)"""
     complete = [p for p in checkpoints(output_dir) if is_complete(p)]
     return complete[-1] if complete else None
 

@@ -21,6 +21,7 @@ from grpo_cli.engine.lm_head import use_lean_lm_head
 from grpo_cli.engine.offload import LayerInputOffload
 from grpo_cli.errors import UserError
 from grpo_cli.recipe import Recipe, reward_funcs
+from grpo_cli.tasks import as_chats
 from grpo_cli.train.dynamic_sampling import FreshPrompts, choose, flat_groups, is_short, merge, prompt_key
 from grpo_cli.train.health import GuardedSteps, NonFiniteStop
 from grpo_cli.train.memory_fixes import explains_out_of_memory
@@ -184,8 +185,7 @@ def conversational(reward_func):
     """Give a reward the task's conversational view of a rendered text prompt (prefill included)."""
 
     def scored(prompts, completions, prompt_messages, **columns):
-        chats = [[{"role": "assistant", "content": text}] for text in completions]
-        return reward_func(prompts=prompt_messages, completions=chats, **columns)
+        return reward_func(prompts=prompt_messages, completions=as_chats(completions), **columns)
 
     scored.__name__ = reward_func.__name__
     return scored

@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from grpo_cli.atomic import json_text, write_text
+from grpo_cli.atomic import json_text, replace_folder, write_text
 from grpo_cli.console import console
 from grpo_cli.errors import UserError
 from grpo_cli.launch import accelerate_config_from_env, is_main_process, world_size
@@ -23,8 +23,8 @@ from grpo_cli.train.checkpoints import (
     latest_checkpoint,
     resume_point,
 )
-from grpo_cli.train.console import RunConsole, quiet_libraries, remove_default_printers
 from grpo_cli.train.health import NonFiniteStop, StepGuard, stability_advice
+from grpo_cli.train.progress import RunConsole, quiet_libraries, remove_default_printers
 from grpo_cli.train.tracking import swanlab_callback
 
 logger = logging.getLogger("grpo_cli.train")
@@ -310,8 +310,11 @@ class TrainingRun:
             self.tokenizer.save_pretrained(str(staging))
             for item in staging.iterdir():
                 target = self.output_dir / item.name
-                if target.is_dir() and not target.is_symlink():
-                    shutil.rmtree(target)
-                os.replace(item, target)
+                if item.is_dir() and target.is_dir() and not target.is_symlink():
+                    replace_folder(item, target)
+                else:
+                    if target.is_dir() and not target.is_symlink():
+                        shutil.rmtree(target)  # a folder where the model now has a file
+                    os.replace(item, target)
             staging.rmdir()
         trainer.accelerator.wait_for_everyone()

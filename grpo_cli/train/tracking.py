@@ -17,7 +17,7 @@ from grpo_cli.arguments import TrackingArguments
 from grpo_cli.console import console
 from grpo_cli.errors import UserError
 from grpo_cli.recipe.check import tracking_problems
-from grpo_cli.train.console import SampleSchedule, pick_samples
+from grpo_cli.train.progress import SampleSchedule, pick_samples
 from grpo_cli.trl_private import logs_of
 
 # Our recipe says "cloud"; swanlab says "online".

@@ -166,7 +166,7 @@ def short_reward_names(names: list[str]) -> dict[str, str]:
     return dict(zip(names, short))
 
 
-def reward_names(logs: dict[str, Any]) -> list[str]:
+def logged_reward_names(logs: dict[str, Any]) -> list[str]:
     """Reward function names found in a TRL log dict (`rewards/<name>/mean`), in logging order."""
     return [
         key[len("rewards/") : -len("/mean")]
@@ -183,7 +183,7 @@ def metrics_line(
     parts = [f"step {step:>{width}}/{max_steps}" if max_steps > 0 else f"step {step}"]
     if _get(logs, "reward") is not None:
         reward = f"reward {_get(logs, 'reward'):.2f}"
-        names = reward_names(logs)
+        names = logged_reward_names(logs)
         short = short_reward_names(names)
         means = [(short[n], _get(logs, f"rewards/{n}/mean")) for n in names]
         means = [f"{n} {v:.2f}" for n, v in means if v is not None]

@@ -11,13 +11,13 @@ import pytest
 from rich.console import Console
 
 from grpo_cli.arguments import TrackingArguments
-from grpo_cli.train.console import (
+from grpo_cli.train.progress import (
     NOISY_LOGGERS,
     SampleSchedule,
+    logged_reward_names,
     metrics_line,
     pick_samples,
     quiet_libraries,
-    reward_names,
     sample_panel,
     short_reward_names,
 )
@@ -83,7 +83,7 @@ def test_sft_metrics_line():
 
 
 def test_reward_names_and_short_names():
-    assert reward_names(GRPO_LOGS) == ["format_reward", "equation_reward"]
+    assert logged_reward_names(GRPO_LOGS) == ["format_reward", "equation_reward"]
     assert short_reward_names(["format_reward", "pkg.rewards:reward_length"]) == {
         "format_reward": "format",
         "pkg.rewards:reward_length": "length",
@@ -248,7 +248,7 @@ def test_importing_the_console_does_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys, grpo_cli.train.console as c; c.quiet_libraries(); print('torch' in sys.modules)"
+    code = "import sys, grpo_cli.train.progress as c; c.quiet_libraries(); print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 
@@ -273,7 +273,7 @@ def drive(run_console, logs_per_step, max_steps):
 
 
 def test_live_bar_in_a_terminal():
-    from grpo_cli.train.console import RunConsole
+    from grpo_cli.train.progress import RunConsole
 
     out = Console(file=StringIO(), force_terminal=True, width=140, color_system=None)
     run_console = RunConsole(console=out)
@@ -289,7 +289,7 @@ def test_live_bar_in_a_terminal():
 
 
 def test_plain_lines_when_not_a_terminal():
-    from grpo_cli.train.console import RunConsole
+    from grpo_cli.train.progress import RunConsole
 
     out = Console(file=StringIO(), width=80)
     run_console = RunConsole(console=out)
@@ -305,7 +305,7 @@ def test_plain_lines_when_not_a_terminal():
 def test_eval_logs_get_their_own_line_and_other_processes_print_nothing():
     from transformers import TrainerControl, TrainerState
 
-    from grpo_cli.train.console import RunConsole
+    from grpo_cli.train.progress import RunConsole
 
     out = Console(file=StringIO(), width=200)
     run_console = RunConsole(console=out)
@@ -336,7 +336,7 @@ def length_reward(completions, **kwargs):
 
 
 def test_tiny_grpo_run_prints_progress_metrics_and_samples(tiny_grpo_trainer, tmp_path, capsys):
-    from grpo_cli.train.console import RunConsole, remove_default_printers
+    from grpo_cli.train.progress import RunConsole, remove_default_printers
 
     trainer = tiny_grpo_trainer(
         tmp_path / "out", [format_reward, length_reward], prompt="What is 2 + 2? [b]", beta=0.04  # beta: KL is logged
