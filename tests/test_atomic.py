@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import mounted_tmpfs
 
-from grpo_cli.atomic import check_writable, json_text
+from grpo_cli.atomic import check_writable, json_text, old_folder_name, replace_folder
 from grpo_cli.errors import UserError
 
 DATA = Path(__file__).parent / "data"
@@ -30,6 +30,23 @@ def test_check_writable_names_what_is_wrong(tmp_path):
     with pytest.raises(UserError, match="which is a file"):
         check_writable(tmp_path / "a-file" / "x.jsonl", "--out")
     check_writable(tmp_path / "new" / "deeper" / "x.jsonl", "--out")  # missing folders are made later
+
+
+def test_replace_folder_swaps_a_finished_folder_in(tmp_path):
+    target, staging = tmp_path / "model", tmp_path / ".model.tmp"
+    staging.mkdir()
+    (staging / "weights").write_text("new")
+    replace_folder(staging, target)  # no folder there yet
+    assert (target / "weights").read_text() == "new" and not staging.exists()
+
+    staging.mkdir()
+    (staging / "weights").write_text("newer")
+    (target / "stale").write_text("from the old folder")
+    replace_folder(staging, target)
+    assert sorted(p.name for p in target.iterdir()) == ["weights"]  # the old folder went whole, not merged
+    assert (target / "weights").read_text() == "newer"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # nothing parked beside it
+    assert not old_folder_name(target).exists()
 
 
 def test_strict_json_writes_nan_and_inf_as_null():
