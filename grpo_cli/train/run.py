@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 from pathlib import Path
@@ -25,8 +24,6 @@ from grpo_cli.train.checkpoints import (
 from grpo_cli.train.console import RunConsole, quiet_libraries, remove_default_printers
 from grpo_cli.train.health import NonFiniteStop, StepGuard, stability_advice
 from grpo_cli.train.tracking import swanlab_callback
-
-logger = logging.getLogger("grpo_cli.train")
 
 
 def _peak_gpu_memory(trainer) -> list[float] | None:
