@@ -427,10 +427,12 @@ def rewards_list(
 
 def _reward_setup(config: str, overrides: list[str]):
     from grpo_cli.recipe import load_recipe
+    from grpo_cli.recipe.hardware import detect_hardware
     from grpo_cli.recipe.show import guess_command
     from grpo_cli.rewards.scoring import setup_from_recipe
 
-    recipe = load_recipe(config, overrides, command=guess_command(config))
+    # no model runs: the machine's rollout defaults only, with no model config to read
+    recipe = load_recipe(config, overrides, guess_command(config), detect_hardware(processes=1, training=False))
     recipe.apply_env()  # its env: section and model_source, before any dataset is loaded
     return setup_from_recipe(recipe)
 

@@ -44,6 +44,9 @@ class EvalSettings:
     top_k: int = 0
     min_p: float | None = None
     repetition_penalty: float = 1.0
+    # The recipe's `cache_implementation` is "static" (the default on a GPU, grpo_cli/recipe/hardware.py): grpo's
+    # static-cache sampler, where the model allows it.
+    static_cache: bool = True
 
     @property
     def greedy(self) -> bool:
@@ -252,7 +255,7 @@ def _generate_transformers(
     eos = list(dict.fromkeys(e for e in eos + [tokenizer.eos_token_id] if e is not None))
     set_seed(settings.seed)
     # grpo's sampler has no repetition penalty: a recipe that sets one samples with generate, as in training.
-    sampler = rollout_model(model) if settings.repetition_penalty == 1.0 else None
+    sampler = rollout_model(model) if settings.static_cache and settings.repetition_penalty == 1.0 else None
     per_call = settings.batch_size or (
         STATIC_BATCH_PROMPTS if sampler is not None else GENERATE_BATCH_PROMPTS
     )
@@ -294,8 +297,8 @@ def out_of_memory_problem(model: str, batch_size: int, num_generations: int, max
 
 
 def rollout_model(model):
-    """The model grpo's static-cache sampler can run (LoRA layers in place), or None: on the CPU (where generate
-    is faster), split over several devices, or of an architecture the sampler does not cover."""
+    """The model grpo's static-cache sampler can run (LoRA layers in place), or None: not on one CUDA device (the
+    sampler's CUDA graphs), or of an architecture the sampler does not cover."""
     from grpo_cli.engine import unsupported_reason, without_peft_wrapper
 
     core = without_peft_wrapper(model)
@@ -528,6 +531,7 @@ def run_eval(
 
     from grpo_cli.console import console
     from grpo_cli.recipe import load_recipe, reward_funcs
+    from grpo_cli.recipe.hardware import detect_hardware, rollout_cache
     from grpo_cli.recipe.show import guess_command
     from grpo_cli.tasks import get_task, load_task_dataset
 
@@ -548,7 +552,7 @@ def run_eval(
     if problems:
         raise UserError(*problems)
 
-    recipe = load_recipe(config, overrides or [], command=guess_command(config))
+    recipe = load_recipe(config, overrides or [], guess_command(config), detect_hardware(processes=1, training=False))
     recipe.apply_env()
     values = recipe.resolved()
     out_dir = Path(output or Path(values["output_dir"]) / "eval").expanduser()
@@ -566,6 +570,8 @@ def run_eval(
         max_new_tokens=max_new_tokens or int(values.get("max_completion_length") or 512),
         seed=int(values.get("seed") or 0),
         use_vllm=use_vllm,
+        # an SFT recipe has no rollout keys: it samples as an rl recipe on this machine would
+        static_cache=values.get("cache_implementation", rollout_cache(values, recipe.hardware)) == "static",
     )
     specs = model_specs(list(models or []), adapter, values.get("model_name_or_path"))
     task = get_task(recipe.task.task)

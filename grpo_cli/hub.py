@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from grpo_cli.errors import UserError
+from grpo_cli.problems import Problem, messages
 
 SOURCES = ("huggingface", "modelscope")
 SOURCE_VARIABLE = "GRPO_MODEL_SOURCE"
@@ -31,16 +32,17 @@ def model_source() -> str:
     return value
 
 
-def source_problems(recipe_value: str | None = None) -> list[str]:
+def source_problems(recipe_value: str | None = None) -> list[Problem]:
     """What stops the chosen source from working, found without loading anything: an unknown GRPO_MODEL_SOURCE, or
-    ModelScope without its package."""
+    ModelScope without its package (about the recipe's `model_source` where it set one)."""
     try:
         source = recipe_value or model_source()
     except UserError as err:
-        return err.problems
+        return [Problem(None, problem) for problem in err.problems]
     if source == "modelscope" and importlib.util.find_spec("modelscope") is None:
         where = "model_source: modelscope" if recipe_value else f"{SOURCE_VARIABLE}=modelscope"
-        return [f"{where} needs the modelscope package, which is not installed - {INSTALL}, or use model_source: huggingface"]
+        message = f"{where} needs the modelscope package, which is not installed - {INSTALL}, or use model_source: huggingface"
+        return [Problem("model_source" if recipe_value else None, message)]
     return []
 
 
@@ -72,7 +74,7 @@ def modelscope_snapshot(repo_id: str, kind: str = "model", revision: str | None 
     `key` names the recipe key in messages (model_name_or_path, dataset_name).
     """
     if problems := source_problems("modelscope"):
-        raise UserError(*problems)
+        raise UserError(*messages(problems))
     revision = None if revision in (None, "", "main") else revision  # main: Hugging Face's default; ModelScope's is master
     cache_key = (kind, repo_id, revision, os.environ.get("MODELSCOPE_CACHE"))
     if cache_key in _resolved:

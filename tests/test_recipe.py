@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -328,3 +329,34 @@ def test_a_relative_reward_file_beside_the_recipe_is_the_one_every_command_loads
     (recipes / "my_rewards.py").unlink()
     with pytest.raises(UserError, match="not found in the working directory or in the recipe's folder"):
         check_recipe(load_recipe(str(path), [], "rl"))
+
+
+def test_check_prints_the_machines_defaults_with_where_they_came_from(tmp_path):
+    """On this machine, as training will run: no GPU, so bf16 off by the hardware's default, not TRL's true."""
+    from grpo_cli.recipe.hardware import has_cuda
+
+    if has_cuda():
+        pytest.skip("the CPU's defaults")
+    path = write(tmp_path, "model_name_or_path: m\ndtype: float32\nuse_liger_kernel: false\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "grpo_cli", "check", "-c", str(path), "--dataloader_pin_memory", "true"],
+        capture_output=True, text=True, check=False, env={**os.environ, "COLUMNS": "200"},
+    )
+    assert run.returncode == 0, run.stderr
+    rows = {line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:4]]
+            for line in run.stderr.splitlines() if line.count("│") >= 4}
+    assert rows["bf16"] == ["false", "hardware default (no GPU)"]
+    assert rows["dataloader_pin_memory"] == ["true", "command line"]
+    assert rows["use_liger_kernel"] == ["false", "recipe.yaml:3"]
+    assert rows["dtype"] == ["float32", "recipe.yaml:2"]
+    assert rows["cache_implementation"] == ["null", "default"]  # TRL's generate on the CPU
+
+
+def test_a_problem_is_located_by_its_key_not_its_text(tmp_path):
+    from grpo_cli.problems import Problem
+    from grpo_cli.recipe.check import _located
+
+    path = write(tmp_path, "model_name_or_path: m\ntask: countdown\n")
+    recipe = load_recipe(str(path), ["--seed", "3"], "rl")
+    problems = [Problem("task", "`seed` is mentioned here (key: seed)"), Problem("seed", "x"), Problem(None, "task")]
+    assert _located(recipe, problems) == [f"{path}:2: `seed` is mentioned here (key: seed)", "command line: x", "task"]

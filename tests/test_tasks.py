@@ -283,7 +283,8 @@ def test_a_bad_jsonl_line_and_an_empty_split_file_are_named(tmp_path):
 
 def test_task_problems_for_the_recipe_check():
     assert task_problems(args("countdown")) == []
-    assert "did you mean" in task_problems(args("gsm8kk"))[0]
+    unknown = task_problems(args("gsm8kk"))[0]
+    assert unknown.key == "task" and "did you mean" in unknown.message
     problems = task_problems(
         args(
             "gsm8k",
@@ -293,9 +294,11 @@ def test_task_problems_for_the_recipe_check():
             dataset_name="x/missing.jsonl",
         )
     )
-    text = "\n".join(problems)
+    text = "\n".join(problem.message for problem in problems)
     assert "keep one of them" in text and "cannot generate" in text
-    assert "not found" in task_problems(args("gsm8k", dataset_name="./nope.jsonl"))[0]
+    assert {problem.key for problem in problems} == {"prompt_column", "dataset_generate"}
+    missing = task_problems(args("gsm8k", dataset_name="./nope.jsonl"))[0]
+    assert missing.key == "dataset_name" and "not found" in missing.message
 
 
 def test_sft_dataset_holds_conversations_ending_with_prefill_plus_solution():

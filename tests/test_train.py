@@ -11,11 +11,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import mounted_tmpfs, save_model_of_another_shape
 
 from grpo_cli.errors import UserError
 from grpo_cli.launch import LAUNCHER_VARIABLES
 from grpo_cli.recipe import load_recipe
+from grpo_cli.recipe.hardware import Hardware, detect_hardware
 
 pytestmark = pytest.mark.slow
 
@@ -185,82 +187,55 @@ def test_activation_offloading_is_one_key_for_both_commands():
     assert sft.training_config().activation_offloading is True  # SFTConfig's own
 
 
-def test_cpu_defaults_fill_only_unset_keys(tmp_path, monkeypatch):
-    from grpo_cli.train.run import cpu_defaults
-
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    recipe = load_recipe(None, ["--output_dir", str(tmp_path)], "rl")
-    assert recipe.values["cache_implementation"] == "static"  # grpo's GPU default
-    cpu_defaults(recipe)
+def test_cpu_defaults_fill_only_unset_keys(tmp_path):
+    cpu = Hardware(gpu=False, processes=2)
+    recipe = load_recipe(None, ["--output_dir", str(tmp_path)], "rl", cpu)
     assert recipe.values["bf16"] is False and recipe.values["use_cpu"] is True
     assert recipe.values["dataloader_pin_memory"] is False
-    assert "cache_implementation" not in recipe.values
-    assert recipe.where("bf16") == "grpo default (no GPU)"
-    chosen = load_recipe(None, ["--bf16", "true", "--use_cpu", "false", "--cache_implementation", "static"], "rl")
-    cpu_defaults(chosen)
+    assert "cache_implementation" not in recipe.values  # TRL's generate: on the CPU it is faster
+    assert recipe.where("bf16") == "hardware default (no GPU)"
+    chosen = load_recipe(None, ["--bf16", "true", "--use_cpu", "false", "--cache_implementation", "static"], "rl", cpu)
     assert chosen.values["bf16"] is True and chosen.values["use_cpu"] is False
-    assert chosen.values["cache_implementation"] == "static"
+    assert chosen.values["cache_implementation"] == "static" and chosen.where("bf16") == "command line"
+    assert "use_cpu" not in load_recipe(None, [], "rl", Hardware(gpu=False)).values  # one process trains alone
 
 
-def test_gpu_defaults_turn_liger_on_for_grpo_only_where_it_is_installed_and_unset(
-    tmp_path, monkeypatch, tiny_model_dir
-):
-    import importlib.util
-
-    from grpo_cli.train import run
-
-    installed = {"liger_kernel": True}
-    real_find_spec = importlib.util.find_spec
-
-    def find_spec(name, *args):
-        if name == "liger_kernel":
-            return real_find_spec("json") if installed["liger_kernel"] else None
-        return real_find_spec(name, *args)
-
-    monkeypatch.setattr(run.importlib.util, "find_spec", find_spec)
+def test_gpu_defaults_turn_liger_on_for_grpo_only_where_it_is_installed_and_unset(tmp_path, tiny_model_dir):
+    gpu = Hardware(gpu=True, liger=True)
     model = ["--model_name_or_path", str(tiny_model_dir)]  # a local config: no Hub lookup
-    rl = load_recipe(None, ["--output_dir", str(tmp_path), *model], "rl")
-    run.gpu_defaults(rl)
+    rl = load_recipe(None, ["--output_dir", str(tmp_path), *model], "rl", gpu)
     assert rl.values["use_liger_kernel"] is True
-    assert rl.where("use_liger_kernel") == "grpo default (GPU, liger-kernel installed)"
+    assert rl.where("use_liger_kernel") == "hardware default (GPU, liger-kernel installed)"
+    assert rl.values["cache_implementation"] == "static" and rl.where("cache_implementation") == "hardware default (GPU)"
 
-    chosen = load_recipe(None, ["--use_liger_kernel", "false", *model], "rl")
-    sft = load_recipe(None, [], "sft")
-    zero3 = load_recipe(None, ["--deepspeed", "zero3.json"], "rl")
-    for recipe in (chosen, sft, zero3):
-        run.gpu_defaults(recipe)
+    chosen = load_recipe(None, ["--use_liger_kernel", "false", *model], "rl", gpu)
+    sft = load_recipe(None, [], "sft", gpu)
+    zero3 = load_recipe(None, ["--deepspeed", "zero3.json"], "rl", gpu)
     assert chosen.values["use_liger_kernel"] is False
     assert "use_liger_kernel" not in sft.values and "use_liger_kernel" not in zero3.values
 
-    installed["liger_kernel"] = False
-    missing = load_recipe(None, model, "rl")
-    run.gpu_defaults(missing)
+    missing = load_recipe(None, model, "rl", Hardware(gpu=True, liger=False))
     assert "use_liger_kernel" not in missing.values
+    assert any("liger-kernel is not installed" in note for note in missing.warnings)  # shown with the plan
 
 
-def test_gpu_defaults_offload_layer_inputs_where_the_forward_backward_sets_the_peak(
-    tmp_path, monkeypatch, tiny_model_dir
-):
+def test_gpu_defaults_offload_layer_inputs_where_the_forward_backward_sets_the_peak(tmp_path, tiny_model_dir):
     """The tiny model: hidden 64, 2 key/value heads of 16. Micro-batches of 8 out of a generation batch of 8 move
     layer inputs as large as the rollout's KV cache (share 1.0); of 2 out of 16, an eighth of it."""
-    from grpo_cli.train import run
+    gpu = Hardware(gpu=True)
 
-    for variable in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP", *LAUNCHER_VARIABLES):
-        monkeypatch.delenv(variable, raising=False)
-
-    def recipe(*overrides):
+    def recipe(*overrides, hardware=gpu):
         return load_recipe(
-            None, ["--model_name_or_path", str(tiny_model_dir), "--output_dir", str(tmp_path), *overrides], "rl"
+            None, ["--model_name_or_path", str(tiny_model_dir), "--output_dir", str(tmp_path), *overrides], "rl",
+            hardware,
         )
 
     large = recipe()
-    run.gpu_defaults(large)
     assert large.memory.activation_offloading and large.memory.lean_lm_head
     assert large.where("activation_offloading") == (
-        "grpo default (GPU: a micro-batch's layer inputs are 1.00x the rollout's KV cache)"
+        "hardware default (GPU: a micro-batch's layer inputs are 1.00x the rollout's KV cache)"
     )
     lora = recipe("--use_peft", "true")
-    run.gpu_defaults(lora)
     assert lora.memory.activation_offloading and "lean_lm_head" not in lora.values  # LoRA trains no LM head
 
     small = recipe("--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "8")
@@ -269,23 +244,57 @@ def test_gpu_defaults_offload_layer_inputs_where_the_forward_backward_sets_the_p
     chosen = recipe("--activation_offloading", "false", "--lean_lm_head", "false")
     zero3 = recipe("--deepspeed", "zero3.json")
     fsdp = recipe("--fsdp", "full_shard")
-    unknown_model = load_recipe(None, ["--model_name_or_path", str(tmp_path / "none")], "rl")
-    sft = load_recipe(None, ["--model_name_or_path", str(tiny_model_dir)], "sft")
+    unknown_model = load_recipe(None, ["--model_name_or_path", str(tmp_path / "none")], "rl", gpu)
+    sft = load_recipe(None, ["--model_name_or_path", str(tiny_model_dir)], "sft", gpu)
     for each in (small, lora_half, no_checkpointing, chosen, zero3, fsdp, unknown_model, sft):
-        run.gpu_defaults(each)
         assert not each.memory.activation_offloading and not each.memory.lean_lm_head
 
     half = recipe("--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2")
-    run.gpu_defaults(half)  # share 0.5: enough with full fine-tuning
-    assert half.memory.activation_offloading
+    assert half.memory.activation_offloading  # share 0.5: enough with full fine-tuning
 
-    # `accelerate launch` with a DeepSpeed config tells the process through the environment
+    # `accelerate launch` with a DeepSpeed config: the launcher shards the weights
+    launched = recipe(hardware=Hardware(gpu=True, processes=2, sharded=True))
+    assert "activation_offloading" not in launched.values and "lean_lm_head" not in launched.values
+
+
+def test_detect_hardware_reads_the_launcher(monkeypatch):
+    for variable in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP", *LAUNCHER_VARIABLES):
+        monkeypatch.delenv(variable, raising=False)
+    assert detect_hardware().processes == 1 and not detect_hardware().sharded
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "0")
-    launched = recipe()
-    run.gpu_defaults(launched)
-    assert "activation_offloading" not in launched.values and "lean_lm_head" not in launched.values
+    launched = detect_hardware()
+    assert launched.processes == 2 and launched.sharded
+    assert detect_hardware(accelerate_config={"distributed_type": "FSDP"}).sharded
+
+
+def test_a_resolved_recipe_is_read_only(tmp_path):
+    import dataclasses
+
+    recipe = load_recipe(None, ["--output_dir", str(tmp_path)], "rl", Hardware(gpu=False))
+    with pytest.raises(TypeError):
+        recipe.values["bf16"] = True
+    with pytest.raises(TypeError):
+        recipe.locations["bf16"] = "command line"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        recipe.values = {}
+    config = recipe.training_config()
+    config.output_dir = "elsewhere"  # a config built from the recipe is its own
+    assert recipe.values["output_dir"] == str(tmp_path)
+
+
+def test_the_run_writes_the_recipe_the_check_resolved(tmp_path, tiny_model_dir):
+    from grpo_cli.recipe.show import check_and_show
+    from grpo_cli.train.sft import run_sft
+
+    path = recipe_file(tmp_path, tiny_model_dir, "sft")
+    recipe, plan = check_and_show(str(path), ["--max_steps", "1"], "sft", show=False)
+    assert dict(plan.rows)["bf16"] == "false" and plan.sources["bf16"] == "hardware default (no GPU)"
+    out = run_sft(recipe)
+    written = yaml.safe_load((out / "recipe.yaml").read_text())
+    assert written == dict(recipe.values)
+    assert written["bf16"] is False and written["dataloader_pin_memory"] is False
 
 
 def test_a_finished_run_is_not_trained_again(tmp_path, tiny_model_dir):

@@ -11,15 +11,19 @@ from pathlib import Path
 
 from grpo_cli.arguments import TrackingArguments
 from grpo_cli.errors import UserError
+from grpo_cli.problems import Problem
+from grpo_cli.recipe.hardware import generation_batch
 from grpo_cli.recipe.load import Recipe, problem_order
 
 
 @dataclass
 class Plan:
-    """What a run of the recipe will do, as rows of (what, value) for people."""
+    """What a run of the recipe will do, as rows of (what, value) for people, and where each row's values came from
+    (`sources`: what -> `file:line`, `command line`, `grpo default`, `hardware default (why)`, `default`)."""
 
     rows: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)
 
 
 def reward_names(recipe: Recipe) -> list[str]:
@@ -39,7 +43,7 @@ def reward_funcs(recipe: Recipe) -> list:
     return build_reward_funcs(reward_names(recipe), recipe.reward.reward_timeout, recipe.folder)
 
 
-def _file_problems(recipe: Recipe) -> list[str]:
+def _file_problems(recipe: Recipe) -> list[Problem]:
     from grpo_cli.models import is_local_path
 
     problems = []
@@ -52,7 +56,7 @@ def _file_problems(recipe: Recipe) -> list[str]:
         if key == "resume_from_checkpoint" and value.lower() in ("true", "false"):
             continue
         if not Path(value).expanduser().exists():
-            problems.append(f"{recipe.where(key)}: `{key}`: no such file or folder: {value}")
+            problems.append(Problem(key, f"`{key}`: no such file or folder: {value}"))
     return problems
 
 
@@ -61,39 +65,44 @@ SYSTEM_FOLDERS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc
 MAX_NAME_BYTES = 255  # one file or folder name, on the usual file systems
 
 
-def _output_problems(recipe: Recipe) -> list[str]:
+def _output_problems(recipe: Recipe) -> list[Problem]:
     """`output_dir` must be a folder a run can own: not a system or home folder, not a file or under one, not the
     model being trained from, writable, with names the file system takes."""
+    text = _output_problem(recipe)
+    return [Problem("output_dir", text)] if text else []
+
+
+def _output_problem(recipe: Recipe) -> str | None:
     from grpo_cli.models import is_local_path
 
     value = recipe.values.get("output_dir")
     if not isinstance(value, str) or not value:
-        return []
-    where = f"{recipe.where('output_dir')}: `output_dir` {value}"
+        return None
+    where = f"`output_dir` {value}"
     path = Path(value).expanduser()
     long = [part for part in path.parts if len(part.encode()) > MAX_NAME_BYTES]
     if long:
-        return [f"{where}: a folder name of {len(long[0].encode())} bytes (the limit is {MAX_NAME_BYTES}) - shorten it"]
+        return f"{where}: a folder name of {len(long[0].encode())} bytes (the limit is {MAX_NAME_BYTES}) - shorten it"
     resolved = path.resolve()
     if str(resolved) in SYSTEM_FOLDERS or any(resolved.is_relative_to(root) for root in ("/proc", "/sys", "/dev")):
-        return [f"{where} is a system folder - name a folder of the run's own, e.g. outputs/{recipe.name}"]
+        return f"{where} is a system folder - name a folder of the run's own, e.g. outputs/{recipe.name}"
     if resolved == Path.home().resolve():
         home = "is your home folder: a run writes checkpoints, a model and logs into its output folder"
-        return [f"{where} {home} - name a folder of its own, e.g. outputs/{recipe.name}"]
+        return f"{where} {home} - name a folder of its own, e.g. outputs/{recipe.name}"
     model = recipe.values.get("model_name_or_path")
     if isinstance(model, str) and is_local_path(model) and Path(model).expanduser().resolve() == resolved:
         model_text = "is the model being trained from (`model_name_or_path`): the run would write over it"
-        return [f"{where} {model_text} - set another `output_dir`"]
+        return f"{where} {model_text} - set another `output_dir`"
     for folder in [resolved, *resolved.parents]:
         if not folder.exists():
             continue
         if not folder.is_dir():
             what = "is an existing file" if folder == resolved else f"is under {folder}, which is a file"
-            return [f"{where} {what} - set `output_dir` to a folder"]
+            return f"{where} {what} - set `output_dir` to a folder"
         if not os.access(folder, os.W_OK | os.X_OK):
-            return [f"{where}: {folder} is not writable - choose a folder you can write to"]
-        return []
-    return []
+            return f"{where}: {folder} is not writable - choose a folder you can write to"
+        return None
+    return None
 
 
 def _steps_or_share(value) -> bool:
@@ -132,71 +141,61 @@ VALUE_RULES = {
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def _value_problems(recipe: Recipe) -> list[str]:
+def _value_problems(recipe: Recipe) -> list[Problem]:
     problems = []
     for key, (test, must) in VALUE_RULES.items():
         if key in recipe.values and recipe.values[key] is not None and not test(recipe.values[key]):
-            problems.append(f"{recipe.where(key)}: `{key}` is {recipe.values[key]!r}: it must be {must}")
+            problems.append(Problem(key, f"`{key}` is {recipe.values[key]!r}: it must be {must}"))
     for name in recipe.env:
         if not ENV_NAME.match(name):
-            problems.append(
+            problems.append(Problem(
+                None,
                 f"{recipe.path or 'recipe'}: `env` name {name!r} is not an environment variable name (letters, digits "
-                "and _, not starting with a digit)"
-            )
+                "and _, not starting with a digit)",
+            ))
     return problems
 
 
-def _located(recipe: Recipe, problems: list[str]) -> list[str]:
-    """Prefix each problem that starts with a recipe key by where that key was set."""
-    located = []
-    for problem in problems:
-        match = re.search(r"\(key: (\w+)\)", problem) or re.match(r"`?(\w+)", problem)
-        key = match.group(1) if match else ""
-        located.append(f"{recipe.where(key)}: {problem}" if key in recipe.locations else problem)
-    return located
+def _located(recipe: Recipe, problems: list[Problem]) -> list[str]:
+    """Each problem's line: prefixed by where its key was set (`default` where the key was left unset)."""
+    return [f"{recipe.where(p.key)}: {p.message}" if p.key is not None else p.message for p in problems]
 
 
-def generation_batch(values: dict, num_processes: int) -> int:
-    """Completions generated at once, as GRPOConfig derives it for this many processes."""
-    if values.get("generation_batch_size") is not None:
-        return values["generation_batch_size"]
-    steps = values.get("steps_per_generation") or values.get("gradient_accumulation_steps")
-    return values.get("per_device_train_batch_size") * num_processes * steps
-
-
-def _batch_problems(recipe: Recipe, num_processes: int) -> list[str]:
+def _batch_problems(recipe: Recipe, num_processes: int) -> list[Problem]:
     values = recipe.resolved()
     problems = []
     num_generations = values.get("num_generations")
-    where = recipe.where("num_generations" if "num_generations" in recipe.values else "per_device_train_batch_size")
+    key = "num_generations" if "num_generations" in recipe.values else "per_device_train_batch_size"
     if num_generations < 2:
-        problems.append(f"{recipe.where('num_generations')}: `num_generations` must be at least 2 (GRPO compares "
-                        "completions of the same prompt)")
+        problems.append(Problem("num_generations", "`num_generations` must be at least 2 (GRPO compares "
+                                "completions of the same prompt)"))
     if values.get("generation_batch_size") is not None and values.get("steps_per_generation") is not None:
-        problems.append(f"{recipe.where('steps_per_generation')}: set `generation_batch_size` or "
-                        "`steps_per_generation`, not both")
+        problems.append(Problem("steps_per_generation", "set `generation_batch_size` or `steps_per_generation`, not both"))
         return problems
     per_device = values.get("per_device_train_batch_size")
     gen_batch = generation_batch(values, num_processes)
     if gen_batch % (per_device * num_processes):
-        problems.append(
-            f"{recipe.where('generation_batch_size')}: `generation_batch_size` ({gen_batch}) must be divisible by "
-            f"per_device_train_batch_size x processes ({per_device} x {num_processes})"
-        )
+        problems.append(Problem(
+            "generation_batch_size",
+            f"`generation_batch_size` ({gen_batch}) must be divisible by "
+            f"per_device_train_batch_size x processes ({per_device} x {num_processes})",
+        ))
     if num_generations >= 2 and gen_batch % num_generations:
-        problems.append(
-            f"{where}: the generation batch ({_batch_formula(values, num_processes)} = {gen_batch}) is not divisible "
+        problems.append(Problem(
+            key,
+            f"the generation batch ({_batch_formula(values, num_processes)} = {gen_batch}) is not divisible "
             f"by `num_generations` ({num_generations}) - make per_device_train_batch_size x processes x "
-            f"gradient_accumulation_steps a multiple of {num_generations}"
-        )
+            f"gradient_accumulation_steps a multiple of {num_generations}",
+        ))
     elif num_generations >= 2 and values.get("dynamic_sampling") and (gen_batch // num_processes) % num_generations:
         # Each process keeps or drops the groups it holds: a group split between two processes could be neither.
-        problems.append(
-            f"{recipe.where('dynamic_sampling')}: `dynamic_sampling` keeps or drops whole groups on each process, and "
+        problems.append(Problem(
+            "dynamic_sampling",
+            f"`dynamic_sampling` keeps or drops whole groups on each process, and "
             f"each of the {num_processes} processes holds {gen_batch // num_processes} completions of the generation "
             f"batch, not a multiple of `num_generations` ({num_generations}) - make {_per_process_formula(values)} "
-            f"a multiple of {num_generations}, or set `dynamic_sampling: false`"
-        )
+            f"a multiple of {num_generations}, or set `dynamic_sampling: false`",
+        ))
     return problems
 
 
@@ -214,50 +213,95 @@ def _per_process_formula(values: dict) -> str:
     return f"per_device_train_batch_size x {steps}"
 
 
-def _reward_problems(recipe: Recipe) -> list[str]:
+def _reward_problems(recipe: Recipe) -> list[Problem]:
     from grpo_cli.rewards import reward_names_problems
     from grpo_cli.tasks import TASKS
 
     names = reward_names(recipe)
-    problems = [f"{recipe.where('reward_funcs')}: {p}" for p in reward_names_problems(names, recipe.folder)]
+    problems = [Problem("reward_funcs", p) for p in reward_names_problems(names, recipe.folder)]
     weights = recipe.values.get("reward_weights")
     if weights is not None and len(weights) != len(names):
-        problems.append(
-            f"{recipe.where('reward_weights')}: {len(weights)} `reward_weights` for {len(names)} rewards "
-            f"({', '.join(names)}) - give one weight per reward"
-        )
+        problems.append(Problem(
+            "reward_weights",
+            f"{len(weights)} `reward_weights` for {len(names)} rewards ({', '.join(names)}) - give one weight per reward",
+        ))
     if not names and recipe.task.task in TASKS:
-        problems.append(f"{recipe.where('reward_funcs')}: no rewards - list some in `reward_funcs`")
+        problems.append(Problem("reward_funcs", "no rewards - list some in `reward_funcs`"))
     return problems
 
 
 def check_recipe(
     recipe: Recipe, num_processes: int = 1, accelerate_config: dict | None = None, problems: list[str] | None = None
 ) -> Plan:
-    """Check what a single key can't tell; raise UserError with every problem (and those given), or return the plan."""
+    """Check what a single key can't tell; raise UserError with every problem (and the loader's lines given), or
+    return the plan."""
     from grpo_cli.hub import source_problems
     from grpo_cli.tasks import task_problems
 
-    problems = list(problems or []) + _file_problems(recipe) + _located(recipe, task_problems(recipe.task))
-    problems += _located(recipe, source_problems(recipe.values.get("model_source")))
+    found = _file_problems(recipe) + task_problems(recipe.task) + source_problems(recipe.values.get("model_source"))
     values = _value_problems(recipe)
-    problems += values + _output_problems(recipe)
-    batch_keys = ("`per_device_train_batch_size`", "`num_generations`", "`gradient_accumulation_steps`")
-    batch_ok = not any(key in problem for problem in values for key in batch_keys)  # the arithmetic below needs them
+    found += values + _output_problems(recipe)
+    # the arithmetic below needs these keys' values
+    batch_ok = not {p.key for p in values} & {"per_device_train_batch_size", "num_generations", "gradient_accumulation_steps"}
     if "model_name_or_path" not in recipe.values:
-        problems.append(f"{recipe.path or 'recipe'}: `model_name_or_path` is missing - name a model to train")
+        found.append(Problem(None, f"{recipe.path or 'recipe'}: `model_name_or_path` is missing - name a model to train"))
     if recipe.command == "rl":
-        problems += _batch_problems(recipe, num_processes) if batch_ok else []
-        problems += _reward_problems(recipe)
+        found += _batch_problems(recipe, num_processes) if batch_ok else []
+        found += _reward_problems(recipe)
         if recipe.memory.activation_offloading and recipe.values.get("gradient_checkpointing") is False:
-            problems.append(
-                f"{recipe.where('activation_offloading')}: `activation_offloading` moves the inputs that gradient "
-                f"checkpointing keeps, and `gradient_checkpointing` is false ({recipe.where('gradient_checkpointing')})"
-                " - set `gradient_checkpointing: true`, or drop `activation_offloading`"
-            )
+            found.append(Problem(
+                "activation_offloading",
+                "`activation_offloading` moves the inputs that gradient checkpointing keeps, and "
+                f"`gradient_checkpointing` is false ({recipe.where('gradient_checkpointing')}) - set "
+                "`gradient_checkpointing: true`, or drop `activation_offloading`",
+            ))
+    problems = list(problems or []) + _located(recipe, found)
     if problems:
         raise UserError(*sorted(problems, key=problem_order))
     return build_plan(recipe, num_processes, accelerate_config)
+
+
+# Keys whose defaults depend on the machine (`grpo_cli.recipe.hardware`): the plan shows each with where it came from.
+MACHINE_KEYS = (
+    "bf16", "use_cpu", "dataloader_pin_memory", "cache_implementation", "use_liger_kernel", "activation_offloading",
+    "lean_lm_head",
+)
+# The keys behind each row of the plan, for its `from` column.
+ROW_KEYS = {
+    "model": ("model_name_or_path", "use_peft", "load_in_4bit"),
+    "dtype": ("dtype",),
+    "task": ("task",),
+    "dataset": ("dataset_generate", "dataset_name", "max_samples"),
+    "rewards": ("reward_funcs", "reward_weights"),
+    "effective batch": ("per_device_train_batch_size", "gradient_accumulation_steps"),
+    "generations": ("num_generations", "max_completion_length"),
+    "algorithm": ("loss_type", "beta", "learning_rate", "lr_scheduler_type"),
+    "dynamic sampling": ("dynamic_sampling", "dynamic_sampling_max_rounds"),
+    "sequence length": ("max_length",),
+    "steps": ("max_steps", "num_train_epochs"),
+    "checkpoints": ("save_steps", "save_total_limit"),
+    "tracking": ("swanlab", "swanlab_mode", "swanlab_project"),
+    "output": ("output_dir",),
+}
+
+
+def sources(recipe: Recipe, keys: tuple[str, ...]) -> str:
+    """Where the keys' values came from, for people: the recipe file's lines together (`countdown.yaml:6,7`), then
+    the other sources, each once; `default` only where no key was set otherwise."""
+    prefix = f"{recipe.path}:" if recipe.path else None
+    lines, others = [], []
+    for key in keys:
+        where = recipe.where(key)
+        if prefix and where.startswith(prefix):
+            lines.append(int(where[len(prefix):]))
+        elif where != "default" and where not in others:
+            others.append(where)
+    named = [f"{recipe.path.name}:{','.join(map(str, sorted(set(lines))))}"] if lines else []
+    return ", ".join(named + others) or "default"
+
+
+def _shown(value) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def build_plan(recipe: Recipe, num_processes: int, accelerate_config: dict | None) -> Plan:
@@ -325,9 +369,14 @@ def build_plan(recipe: Recipe, num_processes: int, accelerate_config: dict | Non
     if recipe.tracking.swanlab:
         rows.append(("tracking", f"SwanLab ({recipe.tracking.swanlab_mode}), project {recipe.tracking.swanlab_project}"))
     rows.append(("output", str(v["output_dir"])))
+    plan_sources = {what: sources(recipe, ROW_KEYS[what]) for what, _ in rows if what in ROW_KEYS}
+    for key in MACHINE_KEYS:
+        if key in v:
+            rows.append((key, _shown(v[key])))
+            plan_sources[key] = sources(recipe, (key,))
 
-    warnings = recipe.warnings + launch_warnings(v, accelerate_config) + tracking_problems(recipe.tracking)
-    return Plan(rows=rows, warnings=warnings)
+    warnings = list(recipe.warnings) + launch_warnings(v, accelerate_config) + tracking_problems(recipe.tracking)
+    return Plan(rows=rows, warnings=warnings, sources=plan_sources)
 
 
 # --- tracking -------------------------------------------------------------------------------------------------

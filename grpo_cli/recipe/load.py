@@ -3,17 +3,21 @@
 A recipe is one flat YAML mapping, as TrlParser reads it: keys of `trl.ModelConfig`, of `GRPOConfig` (for `grpo rl`)
 or `SFTConfig` (for `grpo sft`), and of grpo's own dataclasses, plus an optional `env:` mapping of environment
 variables. Keys given after the recipe on the command line (`--learning_rate 1e-6`) override the file.
-Every problem found is collected and reported at once.
+Every problem found is collected and reported at once. The machine's defaults (`grpo_cli.recipe.hardware`) are
+decided as the recipe is loaded; from then on it is read-only, and what `grpo check` prints is what runs.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import yaml
@@ -29,6 +33,7 @@ from grpo_cli.arguments import (
 from grpo_cli.errors import UserError
 from grpo_cli.hub import SOURCE_VARIABLE
 from grpo_cli.recipe import schema
+from grpo_cli.recipe.hardware import Hardware, detect_hardware, hardware_defaults
 
 COMMAND_NAMES = {"rl": "grpo rl", "sft": "grpo sft"}
 TRUE, FALSE = {"true", "yes", "1", "on"}, {"false", "no", "0", "off"}
@@ -42,22 +47,27 @@ PROJECT_DEFAULTS = {
     "save_total_limit": 3,
     "disable_tqdm": True,  # grpo draws its own progress bar
     "log_completions": False,  # grpo prints sample completions itself
-    # Without vLLM, rollouts decode from a static KV cache with CUDA-graph steps (grpo_cli/engine/rollout.py);
-    # `cache_implementation: dynamic` gives TRL's own `model.generate` loop.
-    "cache_implementation": "static",
 }
+PROJECT_SOURCE = "grpo default"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Recipe:
-    """A loaded recipe: values set by the file, the command line and grpo's defaults, and where each came from."""
+    """A loaded recipe: values set by the file, the command line, grpo's defaults and the machine's, and where each
+    came from (`where`). Read-only: values and locations are read-only mappings, and no field can be set again."""
 
     command: str
     path: Path | None
-    values: dict[str, Any]
-    locations: dict[str, str]
-    env: dict[str, str] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
+    values: Mapping[str, Any]
+    locations: Mapping[str, str]
+    env: Mapping[str, str] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+    hardware: Hardware | None = None  # the machine its defaults were decided for
+
+    def __post_init__(self):
+        for name in ("values", "locations", "env"):
+            object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
+        object.__setattr__(self, "warnings", tuple(self.warnings))
 
     @property
     def name(self) -> str:
@@ -75,11 +85,14 @@ class Recipe:
         return {**defaults, **self.values}
 
     def where(self, key: str) -> str:
+        """Where the key's value came from: `file:line`, `command line`, `grpo default`, `hardware default (why)`,
+        or `default` (the library's own)."""
         return self.locations.get(key, "default")
 
     def _build(self, cls: type, **extra: Any) -> Any:
         names = {f.name for f in dataclasses.fields(cls) if f.init}
-        return cls(**{k: v for k, v in self.values.items() if k in names}, **extra)
+        # copies: what a config does with a list it was given stays out of the recipe
+        return cls(**{k: copy.deepcopy(v) for k, v in self.values.items() if k in names}, **extra)
 
     @property
     def task(self) -> TaskArguments:
@@ -128,7 +141,7 @@ class Recipe:
         """The resolved recipe as YAML (what a rerun with the same settings needs)."""
         doc = dict(sorted(self.values.items()))
         if self.env:
-            doc["env"] = self.env
+            doc["env"] = dict(self.env)
         return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
 
 
@@ -334,18 +347,26 @@ def _unknown_key_problem(key: str, command: str, where: str) -> str:
     return f"{where}: unknown key `{key}` - {hint}"
 
 
-def load_recipe(path_or_name: str | None, overrides: list[str] | None = None, command: str = "rl") -> Recipe:
-    """Load and type-check a recipe (no model, no dataset). Raises UserError listing every problem found."""
-    recipe, problems = read_recipe(path_or_name, overrides, command)
+def load_recipe(
+    path_or_name: str | None, overrides: list[str] | None = None, command: str = "rl", hardware: Hardware | None = None
+) -> Recipe:
+    """Load and type-check a recipe (no model, no dataset) with the defaults of `hardware` (default: this machine).
+    Raises UserError listing every problem found."""
+    recipe, problems = read_recipe(path_or_name, overrides, command, hardware)
     if problems:
         raise UserError(*problems)
     return recipe
 
 
 def read_recipe(
-    path_or_name: str | None, overrides: list[str] | None = None, command: str = "rl"
+    path_or_name: str | None,
+    overrides: list[str] | None = None,
+    command: str = "rl",
+    hardware: Hardware | None = None,
 ) -> tuple[Recipe, list[str]]:
-    """Load a recipe, keeping the keys that are valid; returns it with the problems of the others."""
+    """Load a recipe, keeping the keys that are valid, with the defaults of `hardware` (default: this machine, as
+    `detect_hardware` sees it); returns it with the problems of the others. Each problem is a line that already
+    says where (an unknown key has no place in the recipe's locations)."""
     if command not in schema.COMMANDS:
         raise ValueError(f"unknown command {command!r}")
     keys = schema.keys(command)
@@ -408,9 +429,16 @@ def read_recipe(
     for key, value in PROJECT_DEFAULTS.items():
         if key in keys and key not in values:
             values[key] = value
-            locations[key] = "grpo default"
+            locations[key] = PROJECT_SOURCE
     if "output_dir" not in values:
         values["output_dir"] = str(Path("outputs") / (path.stem if path else "run"))
-        locations["output_dir"] = "grpo default"
+        locations["output_dir"] = PROJECT_SOURCE
+    if hardware is None:
+        hardware = detect_hardware()
+    chosen, notes = hardware_defaults(command, values, hardware, env)
+    for key, (value, why) in chosen.items():
+        values[key] = value
+        locations[key] = f"hardware default ({why})"
     problems.sort(key=problem_order)
-    return Recipe(command=command, path=path, values=values, locations=locations, env=env), problems
+    recipe = Recipe(command, path, values, locations, env, tuple(notes), hardware)
+    return recipe, problems

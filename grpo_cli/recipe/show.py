@@ -67,11 +67,14 @@ def print_keys(command: str, search: str | None) -> None:
 
 
 def print_plan(recipe: Recipe, plan: Plan) -> None:
-    table = Table(title=f"Plan: {recipe.name}", title_justify="left", show_header=False)
-    table.add_column(style="bold")
-    table.add_column(overflow="fold")
+    """The plan as a table: what, its value, and where the value came from (file:line, command line, grpo's or the
+    machine's default, or the library's `default`)."""
+    table = Table(title=f"Plan: {recipe.name}", title_justify="left")
+    table.add_column("", style="bold")
+    table.add_column("value", overflow="fold")
+    table.add_column("from", overflow="fold", style="dim")
     for what, value in plan.rows:
-        table.add_row(what, value)
+        table.add_row(what, value, plan.sources.get(what, ""))
     console.print(table)
     for warning in plan.warnings:
         console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
@@ -85,13 +88,16 @@ def check_and_show(
     accelerate_config: str | None = None,
     show: bool = True,
 ) -> tuple[Recipe, Plan]:
-    """Load and check a recipe, print its plan; raises UserError with every problem found."""
+    """Load a recipe with this machine's defaults for the run's processes and accelerate config, check it, print its
+    plan (what the run will use); raises UserError with every problem found."""
     from grpo_cli.launch import load_accelerate_config
     from grpo_cli.launch import num_processes as count_processes
+    from grpo_cli.recipe.hardware import detect_hardware
 
-    recipe, problems = read_recipe(config, overrides, command)
     processes = count_processes(accelerate_config, num_processes)
-    plan = check_recipe(recipe, processes, load_accelerate_config(accelerate_config), problems)
+    launch_config = load_accelerate_config(accelerate_config)
+    recipe, problems = read_recipe(config, overrides, command, detect_hardware(processes, launch_config))
+    plan = check_recipe(recipe, processes, launch_config, problems)
     if show:
         print_plan(recipe, plan)
     return recipe, plan

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from grpo_cli.arguments import TaskArguments
 from grpo_cli.errors import UserError
+from grpo_cli.problems import Problem, messages
 from grpo_cli.tasks.task import Task, for_prefill, get_task
 
 if TYPE_CHECKING:
@@ -30,8 +31,8 @@ def dataset_source(args: TaskArguments) -> str:
     return args.dataset_name or get_task(args.task).default_dataset
 
 
-def task_problems(args: TaskArguments) -> list[str]:
-    """Problems in the task keys of a recipe, found without loading anything heavy."""
+def task_problems(args: TaskArguments) -> list[Problem]:
+    """Problems in the task keys of a recipe, each with its key, found without loading anything heavy."""
     from grpo_cli.tasks.task import TASKS
 
     problems = []
@@ -39,27 +40,31 @@ def task_problems(args: TaskArguments) -> list[str]:
         try:
             get_task(args.task)
         except UserError as err:
-            problems.extend(err.problems)
+            problems.extend(Problem("task", problem) for problem in err.problems)
         return problems
     task = TASKS[args.task]
     if args.prompt_column and args.prompt_template:
-        problems.append("prompt_column and prompt_template are both set - keep one of them")
+        problems.append(Problem("prompt_column", "prompt_column and prompt_template are both set - keep one of them"))
     if args.dataset_generate < 0:
-        problems.append(f"dataset_generate must be 0 or more, got {args.dataset_generate}")
+        problems.append(Problem("dataset_generate", f"dataset_generate must be 0 or more, got {args.dataset_generate}"))
     if args.dataset_generate > 0 and not task.generates:
-        problems.append(f"dataset_generate: task {task.name} cannot generate data - set dataset_name instead")
+        problems.append(
+            Problem("dataset_generate", f"dataset_generate: task {task.name} cannot generate data - set dataset_name instead")
+        )
     if args.dataset_test_size < 0:
-        problems.append(f"dataset_test_size must be 0 or more, got {args.dataset_test_size}")
+        problems.append(Problem("dataset_test_size", f"dataset_test_size must be 0 or more, got {args.dataset_test_size}"))
     if args.max_samples is not None and args.max_samples < 1:
-        problems.append(f"max_samples must be at least 1, got {args.max_samples}")
+        problems.append(Problem("max_samples", f"max_samples must be at least 1, got {args.max_samples}"))
     local = args.dataset_generate == 0 and args.dataset_name and _looks_local(args.dataset_name)
     if local and not Path(args.dataset_name).expanduser().exists():
-        problems.append(f"dataset_name: file or folder '{args.dataset_name}' not found - check the path")
+        problems.append(
+            Problem("dataset_name", f"dataset_name: file or folder '{args.dataset_name}' not found - check the path")
+        )
     if args.chat_template:
         try:
             chat_template_text(args.chat_template)
         except UserError as err:
-            problems.extend(err.problems)
+            problems.extend(Problem("chat_template", problem) for problem in err.problems)
     return problems
 
 
@@ -151,7 +156,7 @@ def load_task_dataset(args: TaskArguments, split: str, seed: int = 0) -> dataset
     task = get_task(args.task)
     problems = task_problems(args)
     if problems:
-        raise UserError(*problems)
+        raise UserError(*messages(problems))
     splits = _load_all(args, task)
     source = dataset_source(args)
     train_name, test_name = args.dataset_train_split, args.dataset_test_split

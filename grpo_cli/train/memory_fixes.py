@@ -13,7 +13,7 @@ from grpo_cli.engine.memory import PHASE_TEXT, failure_phase, fragmented, gpu_nu
 from grpo_cli.errors import UserError
 from grpo_cli.launch import world_size
 from grpo_cli.recipe import Recipe
-from grpo_cli.recipe.check import generation_batch
+from grpo_cli.recipe.hardware import generation_batch
 from grpo_cli.train.checkpoints import latest_checkpoint
 
 

@@ -95,13 +95,14 @@ class StaticCacheRollout:
 
 
 def static_rollout(args, model) -> StaticCacheRollout | None:
-    """The rollout function for a GRPOConfig asking for `cache_implementation: static` (None: TRL's path)."""
+    """The rollout function for a GRPOConfig asking for `cache_implementation: static`, as the recipe resolved it
+    (grpo_cli/recipe/hardware.py: the default on a GPU); None: TRL's path."""
     if getattr(args, "cache_implementation", None) != "static" or args.use_vllm:
         return None
     import torch
 
     if args.use_cpu or not torch.cuda.is_available():
-        return None  # a GPU lever: on the CPU, TRL's own `generate` is several times faster
+        return None  # the sampler runs on CUDA: a recipe's own `static` on the CPU is transformers' cache in generate
     if getattr(args, "use_transformers_continuous_batching", False):
         return None
     reason = unsupported_reason(model)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import logging
 import os
 import shutil
 from pathlib import Path
@@ -11,7 +9,7 @@ from pathlib import Path
 from grpo_cli.atomic import json_text, replace_folder, write_text
 from grpo_cli.console import console
 from grpo_cli.errors import UserError
-from grpo_cli.launch import accelerate_config_from_env, is_main_process, world_size
+from grpo_cli.launch import is_main_process
 from grpo_cli.models import first_nonfinite, gpu_problems, load_model, load_tokenizer, render_prompt
 from grpo_cli.recipe import Recipe
 from grpo_cli.recipe.check import tracking_problems
@@ -27,8 +25,6 @@ from grpo_cli.train.health import NonFiniteStop, StepGuard, stability_advice
 from grpo_cli.train.progress import RunConsole, quiet_libraries, remove_default_printers
 from grpo_cli.train.tracking import swanlab_callback
 
-logger = logging.getLogger("grpo_cli.train")
-
 
 def _peak_gpu_memory(trainer) -> list[float] | None:
     """Peak GPU memory of every process in GiB (all processes must call this), or None on CPU."""
@@ -40,108 +36,13 @@ def _peak_gpu_memory(trainer) -> list[float] | None:
     return [round(x, 2) for x in trainer.accelerator.gather(peak).tolist()]
 
 
-def _default(recipe: Recipe, key: str, value, why: str) -> None:
-    """Set `key` where the recipe left it unset, saying where the value came from."""
-    if key not in recipe.values:
-        recipe.values[key] = value
-        recipe.locations[key] = f"grpo default ({why})"
-
-
-def cpu_defaults(recipe: Recipe) -> None:
-    """Defaults that suit a machine without a GPU, where the recipe left the key unset."""
-    _default(recipe, "bf16", False, "no GPU")  # TRL turns bf16 mixed precision on by default: a CPU cannot run it
-    _default(recipe, "dataloader_pin_memory", False, "no GPU")  # for copies to a GPU; torch warns without one
-    if world_size() > 1:
-        # Several CPU processes (torchrun, accelerate): without it each trains alone.
-        _default(recipe, "use_cpu", True, "no GPU")
-    if recipe.locations.get("cache_implementation") == "grpo default":
-        # Our static-cache rollouts are a GPU lever; on the CPU, generate's own dynamic cache is faster.
-        del recipe.values["cache_implementation"], recipe.locations["cache_implementation"]
-
-
-def gpu_defaults(recipe: Recipe) -> None:
-    """Defaults for `grpo rl` on a CUDA GPU, where the recipe left the key unset (benchmarks/README.md has the
-    measurements).
-
-    - liger-kernel's fused RMSNorm, rotary and SwiGLU kernels (`grpo-cli[liger]`) serve both the rollouts and the
-      policy's forward/backward: GRPO steps measured faster at every micro-batch size tried.
-    - `activation_offloading` and `lean_lm_head`, where the forward/backward rather than the rollout sets the peak
-      (`_training_sets_the_peak`): with micro-batches of 32 instead of TRL's 8 they keep it under plain TRL's,
-      for steps a few percent longer. Not under DeepSpeed or FSDP, which manage the memory of sharded weights.
-    """
-    if recipe.command != "rl" or recipe.values.get("deepspeed"):
-        return
-    launched = accelerate_config_from_env() or {}
-    sharded = launched.get("distributed_type") == "DEEPSPEED" or os.environ.get("ACCELERATE_USE_FSDP") == "true"
-    why = None if sharded or recipe.values.get("fsdp") else _training_sets_the_peak(recipe)
-    if why:
-        # LoRA does not train the LM head: nothing for the lean backward to save
-        keys = ("activation_offloading",) if recipe.values.get("use_peft") else ("activation_offloading", "lean_lm_head")
-        chosen = [key for key in keys if key not in recipe.values]
-        for key in chosen:
-            _default(recipe, key, True, why)
-        if chosen:
-            logger.info(
-                "%s on (%s; set %s false to turn off)",
-                " and ".join(chosen),
-                why,
-                " / ".join(f"`{key}`" for key in chosen),
-            )
-    if "use_liger_kernel" in recipe.values:
-        return
-    if importlib.util.find_spec("liger_kernel") is None:
-        logger.info(
-            "liger-kernel is not installed: `pip install 'grpo-cli[liger]'` makes GRPO steps faster on a GPU "
-            "(fused norm, rotary and SwiGLU kernels)"
-        )
-        return
-    _default(recipe, "use_liger_kernel", True, "GPU, liger-kernel installed")
-
-
-def _training_sets_the_peak(recipe: Recipe) -> str | None:
-    """Why offloading layer inputs should lower this run's peak (None where it likely would not): gradient
-    checkpointing is on and a micro-batch's layer inputs are a large share of the rollout's KV cache (half of it
-    with full fine-tuning, whose weight gradients add to the forward/backward's side; all of it with LoRA)."""
-    from transformers import AutoConfig
-
-    from grpo_cli.engine.offload import layer_input_share
-    from grpo_cli.recipe.check import generation_batch
-
-    values = recipe.resolved()
-    if not values.get("gradient_checkpointing"):
-        return None
-    from grpo_cli.models import resolve_model
-
-    try:
-        config = AutoConfig.from_pretrained(
-            resolve_model(values["model_name_or_path"], values.get("model_revision")),
-            revision=values.get("model_revision"),
-            trust_remote_code=bool(values.get("trust_remote_code")),
-        )
-        config = getattr(config, "text_config", None) or config
-        processes = world_size()
-        rows = generation_batch(values, processes) // processes
-        share = layer_input_share(config, values["per_device_train_batch_size"], rows)
-    except Exception:  # noqa: BLE001 - no config to size from: loading the model reports the problem
-        return None
-    if share < (1.0 if values.get("use_peft") else 0.5):
-        return None
-    return f"GPU: a micro-batch's layer inputs are {share:.2f}x the rollout's KV cache"
-
-
 class TrainingRun:
     """One training run of a recipe: everything around the TRL trainer that both commands need."""
 
     def __init__(self, recipe: Recipe, resume: bool = True, overwrite: bool = False):
         quiet_libraries()
         recipe.apply_env()
-        self.recipe = recipe
-        import torch
-
-        if torch.cuda.is_available():
-            gpu_defaults(recipe)
-        else:
-            cpu_defaults(recipe)
+        self.recipe = recipe  # with the machine's defaults, as `grpo check` printed it (grpo_cli/recipe/hardware.py)
         problems = gpu_problems(recipe.values, recipe.values) + tracking_problems(recipe.tracking)
         if problems:
             raise UserError(*problems)
@@ -166,7 +67,7 @@ class TrainingRun:
             self.console.guard = self.guard
         if self.main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
-            write_text(self.output_dir / "recipe.yaml", recipe.to_yaml())
+            write_text(self.output_dir / "recipe.yaml", recipe.to_yaml())  # what ran, for a rerun
 
     def prompts_dataset(self):
         """The task's training rows with prompts rendered as text; the conversation stays in `prompt_messages`."""

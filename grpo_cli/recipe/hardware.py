@@ -1,0 +1,171 @@
+"""Defaults that depend on the machine: decided once, as the recipe is loaded for a command, so that `grpo check`
+prints the values training will use and `recipe.yaml` records them.
+
+Each is set only where the recipe (file or command line) left the key unset, and remembers why:
+`hardware default (no GPU)`. The measurements behind the GPU ones are in benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from grpo_cli.recipe import schema
+
+STATIC = "static"
+# Device nodes a CUDA (or ROCm) driver needs on Linux: without any of them torch cannot see a GPU, and `grpo check`
+# need not import torch to learn so.
+GPU_DEVICE_PATHS = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia", "/dev/dxg", "/dev/kfd")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What a run of the recipe will have: a CUDA GPU or not, its processes, whether the launcher shards the weights
+    (DeepSpeed, FSDP), whether liger-kernel is installed. `training` False (`grpo eval`, the reward commands): only
+    the rollout's settings matter, and the model's config is not read."""
+
+    gpu: bool
+    processes: int = 1
+    sharded: bool = False
+    liger: bool = False
+    training: bool = True
+
+
+def has_cuda() -> bool:
+    """`torch.cuda.is_available()`, without importing torch on a Linux machine that has no GPU driver."""
+    if sys.platform == "linux" and not any(os.path.exists(path) for path in GPU_DEVICE_PATHS):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def detect_hardware(
+    processes: int | None = None, accelerate_config: dict | None = None, training: bool = True
+) -> Hardware:
+    """This machine, for a run of `processes` (default: the launcher's WORLD_SIZE) under `accelerate_config`
+    (default: what `accelerate launch` told this process)."""
+    from grpo_cli.launch import accelerate_config_from_env, world_size
+
+    config = accelerate_config if accelerate_config is not None else accelerate_config_from_env() or {}
+    kind = str(config.get("distributed_type", "")).upper()
+    return Hardware(
+        gpu=has_cuda(),
+        processes=processes if processes is not None else world_size(),
+        sharded=kind in ("DEEPSPEED", "FSDP") or os.environ.get("ACCELERATE_USE_FSDP") == "true",
+        liger=importlib.util.find_spec("liger_kernel") is not None,
+        training=training,
+    )
+
+
+def rollout_cache(values: dict, hardware: Hardware) -> str | None:
+    """`cache_implementation` where the recipe leaves it unset: grpo's static-cache sampler with CUDA-graph decode
+    steps on a GPU (grpo_cli/engine/rollout.py); on the CPU (None) TRL's own `generate`, which is faster there."""
+    return STATIC if hardware.gpu and not values.get("use_cpu") else None
+
+
+def hardware_defaults(
+    command: str, values: dict, hardware: Hardware, env: dict | None = None
+) -> tuple[dict[str, tuple[Any, str]], list[str]]:
+    """key -> (value, why) for the machine's defaults of the keys `values` leaves unset, and notes for the plan.
+
+    - No GPU: bf16 off (TRL turns bf16 mixed precision on by default: a CPU cannot run it), no pinned memory (it is
+      for copies to a GPU; torch warns without one), and with several processes `use_cpu` (else each trains alone).
+    - A GPU: static-cache rollouts (`rollout_cache`); for `grpo rl`, liger-kernel's fused RMSNorm, rotary and SwiGLU
+      kernels where installed (GRPO steps measured faster at every micro-batch size tried), and
+      `activation_offloading` with `lean_lm_head` where the forward/backward rather than the rollout sets the peak
+      (`training_sets_the_peak`). Not under DeepSpeed or FSDP, which manage the memory of sharded weights.
+    """
+    keys = schema.keys(command)
+    chosen: dict[str, tuple[Any, str]] = {}
+    notes: list[str] = []
+
+    def default(key: str, value: Any, why: str) -> None:
+        if key in keys and key not in values:
+            chosen[key] = (value, why)
+
+    if not hardware.gpu:
+        default("bf16", False, "no GPU")
+        default("dataloader_pin_memory", False, "no GPU")
+        if hardware.processes > 1:
+            default("use_cpu", True, f"no GPU, {hardware.processes} processes")
+        return chosen, notes
+    cache = rollout_cache(values, hardware)
+    if cache:
+        default("cache_implementation", cache, "GPU")
+    if command != "rl" or not hardware.training or values.get("deepspeed"):
+        return chosen, notes
+    why = None if hardware.sharded or values.get("fsdp") else training_sets_the_peak(values, hardware, env or {})
+    if why:
+        # LoRA does not train the LM head: nothing for the lean backward to save
+        for key in ("activation_offloading",) if values.get("use_peft") else ("activation_offloading", "lean_lm_head"):
+            default(key, True, why)
+    if "use_liger_kernel" not in values:
+        if hardware.liger:
+            default("use_liger_kernel", True, "GPU, liger-kernel installed")
+        else:
+            notes.append(
+                "liger-kernel is not installed: `pip install 'grpo-cli[liger]'` makes GRPO steps faster on a GPU "
+                "(fused norm, rotary and SwiGLU kernels)"
+            )
+    return chosen, notes
+
+
+def generation_batch(values: dict, num_processes: int) -> int:
+    """Completions generated at once, as GRPOConfig derives it for this many processes."""
+    if values.get("generation_batch_size") is not None:
+        return values["generation_batch_size"]
+    steps = values.get("steps_per_generation") or values.get("gradient_accumulation_steps")
+    return values.get("per_device_train_batch_size") * num_processes * steps
+
+
+def training_sets_the_peak(values: dict, hardware: Hardware, env: dict) -> str | None:
+    """Why offloading layer inputs should lower this run's peak (None where it likely would not): gradient
+    checkpointing is on and a micro-batch's layer inputs are a large share of the rollout's KV cache (half of it
+    with full fine-tuning, whose weight gradients add to the forward/backward's side; all of it with LoRA). Reads
+    the model's config, under the recipe's `env:` (a Hub mirror, a cache folder)."""
+    values = {**{key: spec.get("default") for key, spec in schema.keys("rl").items()}, **values}
+    if not values.get("gradient_checkpointing"):
+        return None
+    from transformers import AutoConfig
+
+    from grpo_cli.engine.offload import layer_input_share
+    from grpo_cli.models import resolve_model
+
+    try:
+        with _environment(env, values.get("model_source")):
+            config = AutoConfig.from_pretrained(
+                resolve_model(values["model_name_or_path"], values.get("model_revision")),
+                revision=values.get("model_revision"),
+                trust_remote_code=bool(values.get("trust_remote_code")),
+            )
+        config = getattr(config, "text_config", None) or config
+        rows = generation_batch(values, hardware.processes) // hardware.processes
+        share = layer_input_share(config, values["per_device_train_batch_size"], rows)
+    except Exception:  # noqa: BLE001 - no config to size from: loading the model reports the problem
+        return None
+    if share < (1.0 if values.get("use_peft") else 0.5):
+        return None
+    return f"GPU: a micro-batch's layer inputs are {share:.2f}x the rollout's KV cache"
+
+
+@contextlib.contextmanager
+def _environment(env: dict, model_source: str | None):
+    """The recipe's `env:` and `model_source` in the environment for a while, as a run will have them."""
+    from grpo_cli.hub import SOURCE_VARIABLE
+
+    changes = {**env, **({SOURCE_VARIABLE: model_source} if model_source else {})}
+    before = {name: os.environ.get(name) for name in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
