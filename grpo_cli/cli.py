@@ -220,9 +220,9 @@ def check(
 
     Keys after the recipe override it: `grpo check -c countdown --learning_rate 1e-6`.
     """
-    from grpo_cli.recipe.show import check_and_show, guess_command
+    from grpo_cli.recipe.show import check_and_show
 
-    check_and_show(config, ctx.args, command or guess_command(config), num_processes, accelerate_config)
+    check_and_show(config, ctx.args, command, num_processes, accelerate_config)
 
 
 # --- merge -------------------------------------------------------------------------------------------------------
@@ -428,11 +428,10 @@ def rewards_list(
 def _reward_setup(config: str, overrides: list[str]):
     from grpo_cli.recipe import load_recipe
     from grpo_cli.recipe.hardware import detect_hardware
-    from grpo_cli.recipe.show import guess_command
     from grpo_cli.rewards.scoring import setup_from_recipe
 
     # no model runs: the machine's rollout defaults only, with no model config to read
-    recipe = load_recipe(config, overrides, guess_command(config), detect_hardware(processes=1, training=False))
+    recipe = load_recipe(config, overrides, None, detect_hardware(processes=1, training=False))
     recipe.apply_env()  # its env: section and model_source, before any dataset is loaded
     return setup_from_recipe(recipe)
 

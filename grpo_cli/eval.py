@@ -532,7 +532,6 @@ def run_eval(
     from grpo_cli.console import console
     from grpo_cli.recipe import load_recipe, reward_funcs
     from grpo_cli.recipe.hardware import detect_hardware, rollout_cache
-    from grpo_cli.recipe.show import guess_command
     from grpo_cli.tasks import get_task, load_task_dataset
 
     problems = []
@@ -552,7 +551,7 @@ def run_eval(
     if problems:
         raise UserError(*problems)
 
-    recipe = load_recipe(config, overrides or [], guess_command(config), detect_hardware(processes=1, training=False))
+    recipe = load_recipe(config, overrides or [], None, detect_hardware(processes=1, training=False))
     recipe.apply_env()
     values = recipe.resolved()
     out_dir = Path(output or Path(values["output_dir"]) / "eval").expanduser()

@@ -360,3 +360,13 @@ def test_a_problem_is_located_by_its_key_not_its_text(tmp_path):
     recipe = load_recipe(str(path), ["--seed", "3"], "rl")
     problems = [Problem("task", "`seed` is mentioned here (key: seed)"), Problem("seed", "x"), Problem(None, "task")]
     assert _located(recipe, problems) == [f"{path}:2: `seed` is mentioned here (key: seed)", "command line: x", "task"]
+
+
+def test_without_a_command_the_recipe_keys_choose_it(tmp_path):
+    """`grpo check`, `grpo eval` and the reward commands read a recipe once and take the command its keys suggest."""
+    assert load_recipe("demo/countdown-sft", [], None).command == "sft"
+    assert load_recipe("demo/countdown-rl", [], None).command == "rl"
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text("task: countdown\ndataset_text_field: text\npacking: true\n")
+    loaded = load_recipe(str(recipe), [], None)
+    assert loaded.command == "sft" and loaded.where("packing") == f"{recipe}:3"  # lines from the one parse

@@ -207,9 +207,10 @@ def recipe_text(path: Path) -> str:
 def _read_yaml(path: Path) -> tuple[dict, dict[str, int], list[str]]:
     """Top-level mapping of a YAML file, the line of each key, and problems (duplicates)."""
     text = recipe_text(path)
+    loader = YAML_LOADER(text)  # the safe loader (libyaml's where it is built); the text is parsed once
     try:
-        node = yaml.compose(text, Loader=YAML_LOADER)
-        data = yaml.load(text, Loader=YAML_LOADER)  # the safe loader (libyaml's where it is built)
+        node = loader.get_single_node()  # the key nodes hold their lines
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
@@ -217,6 +218,8 @@ def _read_yaml(path: Path) -> tuple[dict, dict[str, int], list[str]]:
         raise UserError(f"{path}{line}: not valid YAML ({problem}) - fix the syntax") from None
     except RecursionError:
         raise UserError(f"{path}: nested too deeply to read - a recipe holds flat `key: value` lines") from None
+    finally:
+        loader.dispose()
     if data is None:
         return {}, {}, []
     if not isinstance(data, dict) or not isinstance(node, yaml.MappingNode):
@@ -347,11 +350,21 @@ def _unknown_key_problem(key: str, command: str, where: str) -> str:
     return f"{where}: unknown key `{key}` - {hint}"
 
 
+def command_of(keys) -> str:
+    """`sft` when a recipe's keys hold more SFT-only keys than GRPO-only keys, else `rl`."""
+    rl, sft = set(schema.keys("rl")), set(schema.keys("sft"))
+    keys = set(keys)
+    return "sft" if len(keys & (sft - rl)) > len(keys & (rl - sft)) else "rl"
+
+
 def load_recipe(
-    path_or_name: str | None, overrides: list[str] | None = None, command: str = "rl", hardware: Hardware | None = None
+    path_or_name: str | None,
+    overrides: list[str] | None = None,
+    command: str | None = "rl",
+    hardware: Hardware | None = None,
 ) -> Recipe:
-    """Load and type-check a recipe (no model, no dataset) with the defaults of `hardware` (default: this machine).
-    Raises UserError listing every problem found."""
+    """Load and type-check a recipe (no model, no dataset) with the defaults of `hardware` (default: this machine);
+    `command` None: the one its keys suggest (`command_of`). Raises UserError listing every problem found."""
     recipe, problems = read_recipe(path_or_name, overrides, command, hardware)
     if problems:
         raise UserError(*problems)
@@ -361,23 +374,27 @@ def load_recipe(
 def read_recipe(
     path_or_name: str | None,
     overrides: list[str] | None = None,
-    command: str = "rl",
+    command: str | None = "rl",
     hardware: Hardware | None = None,
 ) -> tuple[Recipe, list[str]]:
     """Load a recipe, keeping the keys that are valid, with the defaults of `hardware` (default: this machine, as
-    `detect_hardware` sees it); returns it with the problems of the others. Each problem is a line that already
-    says where (an unknown key has no place in the recipe's locations)."""
-    if command not in schema.COMMANDS:
+    `detect_hardware` sees it); returns it with the problems of the others. `command` None: the one the recipe's
+    keys suggest. Each problem is a line that already says where (an unknown key has no place in the recipe's
+    locations)."""
+    if command is not None and command not in schema.COMMANDS:
         raise ValueError(f"unknown command {command!r}")
-    keys = schema.keys(command)
     problems: list[str] = []
     raw: dict[str, Any] = {}
     locations: dict[str, str] = {}
     env: dict[str, str] = {}
     path = None
+    data: dict[str, Any] = {}
     if path_or_name:
         path = find_recipe(path_or_name)
         data, lines, problems = _read_yaml(path)
+    command = command or command_of(data)
+    keys = schema.keys(command)
+    if path_or_name:
         env_section = data.pop("env", None) or {}
         if not isinstance(env_section, dict):
             problems.append(f"{path}:{lines.get('env', 1)}: `env` must be a mapping of NAME: value")

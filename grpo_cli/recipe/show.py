@@ -11,7 +11,15 @@ from grpo_cli.console import console
 from grpo_cli.errors import UserError
 from grpo_cli.recipe import schema
 from grpo_cli.recipe.check import Plan, check_recipe
-from grpo_cli.recipe.load import YAML_LOADER, Recipe, builtin_recipes, find_recipe, read_recipe, recipe_text
+from grpo_cli.recipe.load import (
+    YAML_LOADER,
+    Recipe,
+    builtin_recipes,
+    command_of,
+    find_recipe,
+    read_recipe,
+    recipe_text,
+)
 
 
 def description(path: Path) -> str:
@@ -25,15 +33,12 @@ def description(path: Path) -> str:
 
 
 def guess_command(path_or_name: str) -> str:
-    """`sft` when a recipe holds more SFT-only keys than GRPO-only keys, else `rl`."""
+    """The command a recipe file's keys suggest (`command_of`), for the list of recipes."""
     try:
         data = yaml.load(recipe_text(find_recipe(path_or_name)), Loader=YAML_LOADER)
     except (yaml.YAMLError, RecursionError, UserError):
         return "rl"  # loading the recipe as `rl` says what is wrong with it
-    if not isinstance(data, dict):
-        return "rl"
-    rl, sft = set(schema.keys("rl")), set(schema.keys("sft"))
-    return "sft" if len(set(data) & (sft - rl)) > len(set(data) & (rl - sft)) else "rl"
+    return command_of(data) if isinstance(data, dict) else "rl"
 
 
 def print_recipe_list() -> None:
@@ -83,7 +88,7 @@ def print_plan(recipe: Recipe, plan: Plan) -> None:
 def check_and_show(
     config: str | None,
     overrides: list[str],
-    command: str,
+    command: str | None,
     num_processes: int | None = None,
     accelerate_config: str | None = None,
     show: bool = True,
