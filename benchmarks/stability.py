@@ -16,9 +16,10 @@ The guard (on by default) skips the step; the run goes on until its steps or the
 `--plain` runs each seed as the command itself (`python3 -m grpo_cli rl -c countdown ...`) with nothing of the
 above: the steps and non-finite steps come from its console and `train_summary.json`.
 
-A run whose log stops growing for `--stall-s` seconds is stalled: every thread's Python stack (faulthandler's, which
-needs no lock held by the stuck thread) goes to `run-N.stall.txt`, and the run records its state, the kernel wait
-channel of each thread and those stacks. Once every live run has stalled the budget ends early.
+Each run has `stall_timeout` set to `--stall-s`: when no step ends for that long, the command itself writes every
+thread's Python stack into `run-N/stall-stacks.txt`. A run whose log stops growing for that long is stalled: it is
+sent SIGUSR1 (its stacks once more, into `run-N.stall.txt`) and records its state, the kernel wait channel of each
+thread and both sets of stacks. Once every live run has stalled the budget ends early.
 """
 
 from __future__ import annotations
@@ -47,9 +48,10 @@ RECIPE_OVERRIDES = {
 }
 
 
-def overrides_of(pairs: list[str]) -> dict[str, str]:
-    """RECIPE_OVERRIDES with `key=value` pairs on top."""
-    return {**RECIPE_OVERRIDES, **dict(pair.split("=", 1) for pair in pairs)}
+def overrides_of(pairs: list[str], stall_s: float | None = None) -> dict[str, str]:
+    """RECIPE_OVERRIDES (and `stall_timeout`, when given) with `key=value` pairs on top."""
+    stall = {} if stall_s is None else {"stall_timeout": f"{stall_s:g}"}
+    return {**RECIPE_OVERRIDES, **stall, **dict(pair.split("=", 1) for pair in pairs)}
 
 
 def finite_or_none(value):
@@ -68,7 +70,7 @@ def child(args) -> None:
     from grpo_cli.train.rl import run_rl
 
     record = Path(args.record)
-    stacks = arm_stack_dumps(record.with_suffix(".stall.txt"), args.stall_s)
+    stacks_on_sigusr1(record.with_suffix(".stall.txt"))
     trl_head = trl_private.chunked_logprob()
     offloads: list = []
     seen: dict = {}
@@ -173,9 +175,6 @@ def child(args) -> None:
             with open(record, "a") as out:
                 out.write(json.dumps(entry) + "\n")
 
-        def on_step_end(self, args_, state, control, **kwargs):
-            stacks.rearm()
-
         def on_log(self, args_, state, control, logs=None, **kwargs):
             keep = (
                 "reward",
@@ -216,7 +215,7 @@ def child(args) -> None:
     run.TrainingRun.train = train_with
     keys = {"model_name_or_path": args.model, "seed": str(args.seed), "output_dir": args.work}
     overrides = [
-        token for key, value in {**keys, **overrides_of(args.set)}.items() for token in (f"--{key}", value)
+        token for key, value in {**keys, **overrides_of(args.set, args.stall_s)}.items() for token in (f"--{key}", value)
     ]
     started = time.time()
     try:
@@ -229,29 +228,18 @@ def child(args) -> None:
 
 
 STALL_FILE_ENV = "STABILITY_STALL_FILE"
-# Loaded through PYTHONPATH in a --plain run: stacks on SIGUSR1, and every `stall_s` seconds whatever happens.
+# Loaded through PYTHONPATH in a --plain run: every thread's stack on SIGUSR1.
 _SITECUSTOMIZE = f"""import faulthandler, os, signal
-_out = open(os.environ["{STALL_FILE_ENV}"], "a")
-faulthandler.register(signal.SIGUSR1, file=_out, all_threads=True)
-faulthandler.dump_traceback_later(float(os.environ["STABILITY_STALL_S"]), repeat=True, file=_out)
+faulthandler.register(signal.SIGUSR1, file=open(os.environ["{STALL_FILE_ENV}"], "a"), all_threads=True)
 """
 
 
-class arm_stack_dumps:
-    """faulthandler writing every thread's stack to `path` on SIGUSR1, and when `stall_s` seconds pass without a
-    `rearm()` (its own C thread does it, whatever the Python threads are stuck in)."""
+def stacks_on_sigusr1(path: Path) -> None:
+    """faulthandler writes every thread's stack to `path` on SIGUSR1 (its own C code: whatever the stuck thread
+    holds)."""
+    import faulthandler
 
-    def __init__(self, path: Path, stall_s: float):
-        import faulthandler
-
-        self.faulthandler, self.stall_s = faulthandler, stall_s
-        self.out = open(path, "a")  # noqa: SIM115 - open for the life of the process
-        faulthandler.register(signal.SIGUSR1, file=self.out, all_threads=True)
-        faulthandler.dump_traceback_later(stall_s, file=self.out)
-
-    def rearm(self) -> None:
-        self.faulthandler.cancel_dump_traceback_later()
-        self.faulthandler.dump_traceback_later(self.stall_s, file=self.out)
+    faulthandler.register(signal.SIGUSR1, file=open(path, "a"), all_threads=True)  # noqa: SIM115 - for life
 
 
 def process_state(pid: int) -> dict:
@@ -279,7 +267,7 @@ STEP_LINE = re.compile(r"^step\s+(\d+)/\d+", re.MULTILINE)
 def plain_command(args, seed: int, run_dir: Path) -> list[str]:
     keys = {"model_name_or_path": args.model, "seed": str(seed), "output_dir": str(run_dir)}
     flags = [
-        token for key, value in {**keys, **overrides_of(args.set)}.items() for token in (f"--{key}", value)
+        token for key, value in {**keys, **overrides_of(args.set, args.stall_s)}.items() for token in (f"--{key}", value)
     ]
     return [sys.executable, "-m", "grpo_cli", "rl", "-c", "countdown", *flags, "--no-resume", "--overwrite"]
 
@@ -362,7 +350,7 @@ def main() -> None:
         if args.plain:
             command = plain_command(args, seed, run_dir)
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
-            env.update({STALL_FILE_ENV: str(stall_path), "STABILITY_STALL_S": str(args.stall_s)})
+            env[STALL_FILE_ENV] = str(stall_path)
         else:
             command = [
                 sys.executable,
@@ -423,15 +411,14 @@ def main() -> None:
         found = plain_result(entry["run_dir"], log_text) if args.plain else patched_result(entry["record"])
         if entry["stalled"]:
             found["status"] = "stalled"
-            entry["stalled"]["stacks"] = (
-                entry["stall"].read_text(errors="replace")[-12000:] if entry["stall"].exists() else None
-            )
+            for key, path in (("stacks", entry["run_dir"] / "stall-stacks.txt"), ("sigusr1_stacks", entry["stall"])):
+                entry["stalled"][key] = path.read_text(errors="replace")[-12000:] if path.exists() else None
         runs.append(
             {
                 "seed": entry["seed"],
                 "label": args.label,
                 "plain": args.plain,
-                "overrides": overrides_of(args.set),
+                "overrides": overrides_of(args.set, args.stall_s),
                 **found,
                 "stalled": entry["stalled"],
                 "exit_code": entry["process"].poll(),

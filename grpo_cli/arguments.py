@@ -138,7 +138,7 @@ class MemoryArguments:
 
 @dataclass
 class HealthArguments:
-    """What a run does with non-finite numbers (NaN, inf) in a step."""
+    """What a run does with non-finite numbers (NaN, inf) in a step, and with a step that never ends."""
 
     nonfinite_guard: bool = field(
         default=True,
@@ -152,6 +152,13 @@ class HealthArguments:
         metadata={
             "help": "Stop the run (exit code 2) after this many non-finite steps in a row, naming the last healthy "
             "checkpoint; 0: skip them and go on."
+        },
+    )
+    stall_timeout: float = field(
+        default=1800,
+        metadata={
+            "help": "When no step ends for this many seconds, write every thread's Python stack to "
+            "OUTPUT_DIR/stall-stacks.txt and say so (the run goes on waiting); 0: never."
         },
     )
 

@@ -246,3 +246,30 @@ def test_a_rollout_drawn_from_nan_probabilities_is_a_skipped_step(tmp_path, tiny
     assert all(bad.what[0] == "rollout probabilities" for bad in guard.skipped)
     after = dict(trainer.model.named_parameters())
     assert all(torch.equal(before[name], after[name].detach()) or before[name].isnan().any() for name in before)
+
+
+SLOW_REWARD = """
+import time
+
+def slow(completions, **kwargs):
+    time.sleep(3)
+    return [0.0] * len(completions)
+"""
+
+
+def test_a_step_that_does_not_end_leaves_every_threads_stack(tmp_path, tiny_model_dir, capsys):
+    """stall_timeout 1 with a 3-second reward: the stacks are written while the step waits (naming the reward's wait
+    in the main thread), the console says where, and the run itself finishes; a run without a stall leaves no file."""
+    path = recipe_file(tmp_path, tiny_model_dir, "rl", "beta: 0.0\nstall_timeout: 1\n")
+    (tmp_path / "slow.py").write_text(SLOW_REWARD)
+    mine, slow = f'"{tmp_path / "my_rewards.py"}:vowel_share"', f'"{tmp_path / "slow.py"}:slow"'
+    path.write_text(path.read_text().replace(mine, slow))
+    out = train(path, "rl", ["--max_steps", "1"])
+    stacks = (out / "stall-stacks.txt").read_text()
+    assert "most recent call first" in stacks and "Timeout (0:00:01)" in stacks
+    assert "grpo_cli/rewards/isolated.py" in stacks  # waiting for the reward's process to answer
+    assert f"every thread's stack is in {out / 'stall-stacks.txt'}" in capsys.readouterr().err.replace("\n", "")
+    assert json.loads((out / "train_summary.json").read_text())["global_step"] == 1
+
+    quick = train(recipe_file(tmp_path / "quick", tiny_model_dir, "rl", "beta: 0.0\n"), "rl", ["--max_steps", "1"])
+    assert not (quick / "stall-stacks.txt").exists()

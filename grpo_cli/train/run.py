@@ -23,6 +23,7 @@ from grpo_cli.train.checkpoints import (
 )
 from grpo_cli.train.health import NonFiniteStop, StepGuard, stability_advice
 from grpo_cli.train.progress import RunConsole, quiet_libraries, remove_default_printers
+from grpo_cli.train.stall import StallWatch
 from grpo_cli.train.tracking import swanlab_callback
 
 
@@ -104,6 +105,10 @@ class TrainingRun:
             if hasattr(callback, "trainer"):  # the console and the tracker show sample completions from the trainer
                 callback.trainer = trainer
         remove_default_printers(trainer)
+        accelerator = trainer.accelerator
+        stall = StallWatch(self.output_dir, self.recipe.health.stall_timeout, accelerator.process_index,
+                           accelerator.num_processes)
+        trainer.add_callback(stall)
         if self.guard is not None:
             self.guard.trainer = trainer
             trainer.step_guard = self.guard  # each micro-batch's loss
@@ -127,6 +132,7 @@ class TrainingRun:
             raise
         finally:
             self.stop.uninstall()
+            stall.close()
         if self.guard is not None and self.guard.stopped:
             self._write_summary(trainer, None)
             self._report(trainer)
