@@ -54,8 +54,8 @@ demo-gpu: install
 		--max_completion_length 192 --learning_rate 5e-5 --temperature 1.0 --max_steps 250 --save_steps 50 \
 		--sample_every 50 --output_dir $(DEMO_GPU)/rl --no-resume --overwrite
 	$(BIN)/grpo merge --adapter $(DEMO_GPU)/rl --output $(DEMO_GPU)/merged --force
-	$(BIN)/grpo eval -c demo/countdown-rl $(GPU_DATA) --model smollm2-135m-instruct --model $(DEMO_GPU)/sft \
-		--model $(DEMO_GPU)/merged --limit 200 --batch-size 64 --output $(DEMO_GPU)/eval
+	$(BIN)/grpo eval -c demo/countdown-rl $(GPU_DATA) --max_completion_length 192 --model smollm2-135m-instruct \
+		--model $(DEMO_GPU)/sft --model $(DEMO_GPU)/merged --limit 200 --batch-size 64 --output $(DEMO_GPU)/eval
 	$(BIN)/grpo report $(DEMO_GPU)/eval
 
 clean:
