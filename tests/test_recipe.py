@@ -224,6 +224,7 @@ def test_keys_list_cuts_long_help_at_a_word_and_a_search_shows_it_whole(monkeypa
         (["--save_steps", "2.5"], "`save_steps` is 2.5: it must be a whole number of steps, or a share"),
         (["--max_steps", "0"], "`max_steps` is 0: it must be a whole number above 0, or -1"),
         (["--reward_timeout", "-5"], "`reward_timeout` is -5.0: it must be a number of seconds above 0"),
+        (["--stall_timeout", "-1"], "`stall_timeout` is -1.0: it must be a finite number of seconds of at least 0"),
     ],
 )
 def test_values_training_would_reject_are_refused_by_the_check(tmp_path, override, says):

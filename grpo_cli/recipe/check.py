@@ -129,6 +129,7 @@ VALUE_RULES = {
     "temperature": (_finite_at_least(0.0, above=True), "a finite number above 0"),
     "reward_timeout": (_finite_at_least(0.0, above=True), "a number of seconds above 0"),
     "nonfinite_patience": (_int_at_least(0), "a whole number of at least 0 (0: never stop)"),
+    "stall_timeout": (_finite_at_least(0.0), "a finite number of seconds of at least 0 (0: never)"),
     "dynamic_sampling_max_rounds": (_int_at_least(1), "a whole number of at least 1"),
     "max_steps": (
         lambda v: isinstance(v, int) and (v > 0 or v == -1),
