@@ -68,9 +68,10 @@ def finite(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def clock_callback(marks: list[float], budget: float, record: Path):
-    """A TrainerCallback that saves a checkpoint at each mark (minutes on the clock) and stops at the budget, writing
-    what it saved, and each step's finiteness, to `record` (JSON, rewritten each time)."""
+def clock_callback(marks: list[float], budget: float, record: Path, last_step: int | None = None):
+    """A TrainerCallback that saves a checkpoint at each mark (minutes on the clock) and stops at the budget (or, with
+    `last_step`, at that step if it comes first: runs compared per step), writing what it saved, and each step's
+    finiteness, to `record` (JSON, rewritten each time)."""
     from transformers import TrainerCallback
 
     class Clock(TrainerCallback):
@@ -89,6 +90,9 @@ def clock_callback(marks: list[float], budget: float, record: Path):
             if now >= budget:
                 control.should_training_stop = True
                 due = due or ([budget] if budget not in {e["minutes"] for e in self.state["marks"]} else [])
+            elif last_step is not None and state.global_step >= last_step:
+                control.should_training_stop = True
+                due = due or [round(now, 3)]
             if due:
                 control.should_save = True
                 self.pending = {"minutes": max(due), "clock": round(now, 3), "step": state.global_step,
@@ -127,7 +131,7 @@ def train(args) -> None:
     work.mkdir(parents=True, exist_ok=True)
     record = work / "clock.json"
     marks = sorted(float(m) for m in args.marks.split(","))
-    clock = clock_callback(marks, args.minutes, record)
+    clock = clock_callback(marks, args.minutes, record, args.last_step)
     overrides = overrides_of(args.set) + [
         "--model_name_or_path", args.model, "--output_dir", str(work / "run"),
         # the clock saves and stops: no other checkpoint, none deleted, and steps enough for any budget
@@ -276,6 +280,7 @@ def main() -> None:
     t.add_argument("--minutes", type=float, required=True, help="the time budget")
     t.add_argument("--marks", required=True, help="minutes at which to save a checkpoint, e.g. 1,2,4")
     t.add_argument("--max-steps", type=int, default=100000, help="more than the budget allows (the lr schedule's length)")
+    t.add_argument("--last-step", type=int, help="also stop and save at this step (runs compared per step)")
     t.add_argument("--work", required=True)
     t.add_argument("--set", nargs="*", default=[], help="recipe keys, key=value, the same for both sides")
     e = sub.add_parser("eval")
