@@ -334,6 +334,33 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path, tiny_model_dir):
     assert saved and state(saved[-1])["global_step"] >= 1
 
 
+STUCK_MAIN_THREAD = """
+import ctypes, signal, sys
+from grpo_cli.train.checkpoints import GracefulStop
+GracefulStop().install()
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # the main thread never runs a Python handler now
+print("stuck", flush=True)
+ctypes.CDLL(None).sleep(60)  # one long C call, like a step that never ends
+print("woke up", flush=True)
+"""
+
+
+def test_a_second_ctrl_c_quits_even_when_the_main_thread_is_stuck(tmp_path):
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", STUCK_MAIN_THREAD], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "stuck"
+    started = time.monotonic()
+    child.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    assert child.poll() is None  # the first one waits for the step to end
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=30)
+    assert child.returncode == 130 and time.monotonic() - started < 20, (out, err)
+    assert "second signal: quitting now without saving" in err and "woke up" not in out
+
+
 def test_resuming_keeps_one_rollout_row_per_completion_of_each_step(tmp_path, tiny_model_dir):
     path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nlora_r: 4\n")
     out = train(path, "rl")

@@ -6,11 +6,13 @@ one was cut short (the process was killed while saving) and is never resumed fro
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import shutil
 import signal
+import threading
 from pathlib import Path
 
 from transformers import TrainerCallback
@@ -126,7 +128,11 @@ class Stopped(KeyboardInterrupt):
 
 class GracefulStop(TrainerCallback):
     """First Ctrl-C or SIGTERM (what Slurm, Kubernetes and container runtimes send): finish the current step, save a
-    checkpoint, stop. A second one: quit at once."""
+    checkpoint, stop. A second one: quit at once.
+
+    Python runs signal handlers on the main thread between two bytecodes, so a main thread stuck inside one long
+    call (a step that never ends) would never see the second signal. The signal numbers also reach a pipe
+    (`signal.set_wakeup_fd`) that a small thread reads: it quits on the second signal whatever the main thread does."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -134,15 +140,47 @@ class GracefulStop(TrainerCallback):
         self.requested = False
         self.signum: int | None = None
         self._previous: dict = {}
+        self._wakeup: tuple[int, int, int] | None = None  # read end, write end, the wakeup fd it replaced
 
     def install(self) -> None:
         for signum in self.SIGNALS:
             self._previous[signum] = signal.signal(signum, self._on_signal)
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        try:
+            replaced = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        except (ValueError, OSError):  # not the main thread, or a platform that wants a socket
+            os.close(read)
+            os.close(write)
+            return
+        self._wakeup = (read, write, replaced)
+        _WAKEUP_FDS.add(write)
+        threading.Thread(target=self._watch, args=(read,), name="grpo-second-signal", daemon=True).start()
 
     def uninstall(self) -> None:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous = {}
+        if self._wakeup is not None:
+            _, write, replaced = self._wakeup
+            self._wakeup = None
+            signal.set_wakeup_fd(replaced)
+            _WAKEUP_FDS.discard(write)
+            os.close(write)  # the thread reads the end of the pipe and closes its side
+
+    def _watch(self, read: int) -> None:
+        stops = 0
+        try:
+            while data := os.read(read, 64):  # one byte per signal with a Python handler (SIGALRM's too)
+                for signum in data:
+                    if signum not in self.SIGNALS:
+                        continue
+                    stops += 1
+                    if stops == 2:
+                        os.write(2, b"\nsecond signal: quitting now without saving\n")
+                        os._exit(128 + signum)
+        finally:
+            os.close(read)
 
     def _on_signal(self, signum, frame) -> None:
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
@@ -158,6 +196,21 @@ class GracefulStop(TrainerCallback):
             control.should_save = True
             control.should_training_stop = True
         return control
+
+
+_WAKEUP_FDS: set[int] = set()  # the write ends GracefulStop has set as the wakeup fd
+
+
+def _no_wakeup_fd_in_child() -> None:
+    """A process forked without exec would write its own signals into the parent's pipe: it gets none of ours."""
+    with contextlib.suppress(ValueError, OSError):
+        inherited = signal.set_wakeup_fd(-1)
+        if inherited not in _WAKEUP_FDS:
+            signal.set_wakeup_fd(inherited)  # someone else's: left as it was
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_no_wakeup_fd_in_child)
 
 
 DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "PytorchStreamWriter failed writing file")
