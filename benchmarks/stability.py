@@ -424,9 +424,9 @@ def main() -> None:
                 "exit_code": entry["process"].poll(),
             }
         )
-    Path(args.out).write_text(
-        json.dumps(_strict({"label": args.label, "runs": runs}), indent=1, allow_nan=False)
-    )
+    from grpo_cli.atomic import json_text
+
+    Path(args.out).write_text(json_text({"label": args.label, "runs": runs}, indent=1))  # NaN and inf as null
     for run_ in runs:
         print(
             f"seed {run_['seed']}: {run_['steps_done']} steps, non-finite at {run_['non_finite_steps'][:10]}, "
@@ -439,16 +439,6 @@ def main() -> None:
                 f"  stalled: state {run_['stalled'].get('state')}, waits {run_['stalled'].get('thread_wait_channels')}"
             )
             print("  " + "\n  ".join((run_["stalled"].get("stacks") or "").splitlines()[:40]))
-
-
-def _strict(value):
-    if isinstance(value, float):
-        return finite_or_none(value)
-    if isinstance(value, dict):
-        return {k: _strict(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_strict(v) for v in value]
-    return value
 
 
 if __name__ == "__main__":

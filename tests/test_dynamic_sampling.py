@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from test_train import tiny_run_keys
 
 from grpo_cli.errors import UserError
 from grpo_cli.recipe import check_recipe, load_recipe
@@ -39,24 +40,12 @@ def recipe(tmp_path: Path, model: Path, reward: str, extra: str = "", name: str 
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "ds_rewards.py").write_text(REWARDS)
     path = tmp_path / f"{name}.yaml"
-    path.write_text(textwrap.dedent(f"""
-        model_name_or_path: {model}
-        dtype: float32
-        task: countdown
-        dataset_generate: 24
-        dataset_seed: 1
-        system_prompt: "Answer with <think> and <answer> tags."
+    path.write_text(tiny_run_keys(model, tmp_path / name, max_steps=steps, save_steps=100, batch=8) + textwrap.dedent(f"""
         reward_funcs: ["{tmp_path / 'ds_rewards.py'}:{reward}"]
-        max_steps: {steps}
-        save_steps: 100
-        learning_rate: 1.0e-3
-        per_device_train_batch_size: 8
         num_generations: 4
         max_completion_length: 8
         temperature: 1.0
         beta: 0.0
-        seed: 7
-        output_dir: {tmp_path / name}
     """) + textwrap.dedent(extra))
     return path
 

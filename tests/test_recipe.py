@@ -333,15 +333,13 @@ def test_a_relative_reward_file_beside_the_recipe_is_the_one_every_command_loads
 
 
 def test_check_prints_the_machines_defaults_with_where_they_came_from(tmp_path):
-    """On this machine, as training will run: no GPU, so bf16 off by the hardware's default, not TRL's true."""
-    from grpo_cli.recipe.hardware import has_cuda
-
-    if has_cuda():
-        pytest.skip("the CPU's defaults")
+    """As training will run on a machine without a GPU (none visible, also on a GPU machine): bf16 off by the
+    hardware's default, not TRL's true."""
     path = write(tmp_path, "model_name_or_path: m\ndtype: float32\nuse_liger_kernel: false\n")
     run = subprocess.run(
         [sys.executable, "-m", "grpo_cli", "check", "-c", str(path), "--dataloader_pin_memory", "true"],
-        capture_output=True, text=True, check=False, env={**os.environ, "COLUMNS": "200"},
+        capture_output=True, text=True, check=False,
+        env={**os.environ, "COLUMNS": "200", "CUDA_VISIBLE_DEVICES": ""},
     )
     assert run.returncode == 0, run.stderr
     rows = {line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:4]]

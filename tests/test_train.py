@@ -30,23 +30,28 @@ def vowel_share(completions, **kwargs):
 """
 
 
-def recipe_file(tmp_path: Path, model: Path, command: str, extra: str = "") -> Path:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    (tmp_path / "my_rewards.py").write_text(USER_REWARD)
-    common = f"""
+def tiny_run_keys(model: Path, output_dir: Path, max_steps: int = 2, save_steps: int = 1, batch: int = 4) -> str:
+    """The recipe keys every tiny training run of the tests shares: the tiny model, 24 generated Countdown rows."""
+    return textwrap.dedent(f"""
         model_name_or_path: {model}
         dtype: float32
         task: countdown
         dataset_generate: 24
         dataset_seed: 1
         system_prompt: "Answer with <think> and <answer> tags."
-        max_steps: 2
-        save_steps: 1
+        max_steps: {max_steps}
+        save_steps: {save_steps}
         learning_rate: 1.0e-3
-        per_device_train_batch_size: 4
+        per_device_train_batch_size: {batch}
         seed: 7
-        output_dir: {tmp_path / command}
-    """
+        output_dir: {output_dir}
+    """)
+
+
+def recipe_file(tmp_path: Path, model: Path, command: str, extra: str = "") -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "my_rewards.py").write_text(USER_REWARD)
+    common = tiny_run_keys(model, tmp_path / command)
     specific = {
         "rl": f"""
         reward_funcs: [countdown_format, countdown_equation, "{tmp_path / 'my_rewards.py'}:vowel_share"]
@@ -59,7 +64,7 @@ def recipe_file(tmp_path: Path, model: Path, command: str, extra: str = "") -> P
         """,
     }[command]
     path = tmp_path / f"{command}.yaml"
-    path.write_text(textwrap.dedent(common) + textwrap.dedent(specific) + textwrap.dedent(extra))
+    path.write_text(common + textwrap.dedent(specific) + textwrap.dedent(extra))
     return path
 
 
