@@ -281,6 +281,12 @@ def plain_result(run_dir: Path, log_text: str) -> dict:
         return {
             "steps_done": summary.get("global_step"),
             "non_finite_steps": non_finite,
+            # which gradients were non-finite before clipping, where the guard could tell
+            "non_finite_gradients": {
+                str(entry["step"]): entry["gradients"]
+                for entry in summary.get("non_finite_steps", [])
+                if "gradients" in entry
+            },
             "status": "finished",
             "stopped": summary.get("stopped"),
             "logs": summary.get("log_history", []),

@@ -87,6 +87,26 @@ class BatchSteps:
         return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
 
 
+class BeforeClipping:
+    """Mixin for a transformers Trainer (SFTTrainer, GRPOTrainer): `before_clipping(model)` runs at each optimizer
+    step just before the Trainer scales the gradients, while every gradient still holds what the backward passes
+    left in it. The Trainer scales them in its private `_clip_grad_norm` when `max_grad_norm` > 0, else in
+    `_get_grad_norm`, which measures the norm by clipping at infinity (a NaN norm makes every gradient NaN there
+    too)."""
+
+    def _clip_grad_norm(self, model):
+        self.before_clipping(model)
+        return super()._clip_grad_norm(model)
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        if grad_norm is None:  # nothing clipped this step's gradients yet
+            self.before_clipping(model)
+        return super()._get_grad_norm(model, grad_norm=grad_norm)
+
+    def before_clipping(self, model) -> None:
+        """Override: look at the gradients before clipping scales them."""
+
+
 # Functions of TRL's that, on a traceback, place a failure in generating completions or in scoring a batch (its
 # log-probabilities without gradients).
 GENERATION_FRAMES = ("_generate", "_generate_single_turn")

@@ -40,18 +40,21 @@ def flaky_recipe(tmp_path: Path, model: Path, extra: str = "") -> Path:
     return path
 
 
-def poisoned_backward(monkeypatch, bad_calls: set[int]):
-    """Make the real backward pass of the listed micro-batches (1-based) put NaN into one weight's gradient."""
+def poisoned_backward(monkeypatch, bad_calls: set[int]) -> list[str]:
+    """Make the real backward pass of the listed micro-batches (1-based) put NaN into one weight's gradient: the
+    first trainable weight of a decoder layer, whose name the returned list holds once the model is loaded."""
     import torch
 
     from grpo_cli.train.run import TrainingRun
 
     load = TrainingRun.load_model
     calls = [0]
+    poisoned: list[str] = []
 
     def load_with_hook(self):
         model = load(self)
-        weight = next(p for p in model.parameters() if p.requires_grad)
+        name, weight = next((n, p) for n, p in model.named_parameters() if p.requires_grad and ".layers." in n)
+        poisoned.append(name)
 
         def hook(grad):
             calls[0] += 1
@@ -61,6 +64,14 @@ def poisoned_backward(monkeypatch, bad_calls: set[int]):
         return model
 
     monkeypatch.setattr(TrainingRun, "load_model", load_with_hook)
+    return poisoned
+
+
+def trainable_tensors(out: Path) -> int:
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), "pt") as weights:
+        return len(list(weights.keys()))
 
 
 def losses_and_rewards(out: Path) -> list[tuple]:
@@ -71,12 +82,14 @@ def losses_and_rewards(out: Path) -> list[tuple]:
 def test_a_nan_gradient_is_skipped_counted_and_leaves_the_weights_alone(tmp_path, tiny_model_dir, monkeypatch):
     from safetensors.torch import load_file
 
-    poisoned_backward(monkeypatch, {2})
+    poisoned = poisoned_backward(monkeypatch, {2})
     path = recipe_file(tmp_path, tiny_model_dir, "rl", "beta: 0.0\n")
     out = train(path, "rl", ["--max_steps", "3"])
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["skipped_steps"] == 1
-    assert summary["non_finite_steps"] == [{"step": 2, "non_finite": ["gradient norm"]}]
+    # The one gradient that was NaN before clipping (which makes them all NaN) is named.
+    gradients = {"non_finite": 1, "of": trainable_tensors(out), "first": poisoned[0], "last": poisoned[0]}
+    assert summary["non_finite_steps"] == [{"step": 2, "non_finite": ["gradient norm"], "gradients": gradients}]
     assert summary["global_step"] == 3 and summary["stopped"] is None
     # Step 2 applied nothing: its checkpoint holds step 1's weights; step 3 trained on.
     one, two = load_file(str(out / "checkpoint-1" / "model.safetensors")), None
@@ -132,6 +145,7 @@ def test_non_finite_steps_in_a_row_stop_the_run_with_exit_2_and_a_resumable_chec
     assert "Traceback" not in text
     for step in (3, 4, 5):
         assert f"step {step}: non-finite gradient norm - update skipped" in text
+    assert f"non-finite gradients in 1 of {trainable_tensors(tmp_path / 'rl' / 'checkpoint-2')} tensors: " in text
     assert "training stopped at step 5: 3 steps in a row (3, 4, 5) had non-finite values (gradient norm)" in text
     out = tmp_path / "rl"
     assert f"The last healthy checkpoint is {out / 'checkpoint-4'}" in text
@@ -156,10 +170,13 @@ def test_a_reward_returning_inf_is_its_failure_not_a_skipped_step(tmp_path, tiny
 
 
 def test_sft_skips_a_nan_gradient(tmp_path, tiny_model_dir, monkeypatch):
-    poisoned_backward(monkeypatch, {1})
-    out = train(recipe_file(tmp_path, tiny_model_dir, "sft"), "sft")
+    """Without clipping (`max_grad_norm: 0`) too, the guard reads the gradients as the backward left them."""
+    poisoned = poisoned_backward(monkeypatch, {1})
+    out = train(recipe_file(tmp_path, tiny_model_dir, "sft", "max_grad_norm: 0\n"), "sft")
     summary = json.loads((out / "train_summary.json").read_text())
-    assert summary["non_finite_steps"] == [{"step": 1, "non_finite": ["gradient norm"]}]
+    (bad,) = summary["non_finite_steps"]
+    assert bad["step"] == 1 and bad["non_finite"] == ["gradient norm"]
+    assert bad["gradients"]["non_finite"] == 1 and bad["gradients"]["first"] == poisoned[0]
 
 
 @pytest.fixture(scope="module")

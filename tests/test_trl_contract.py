@@ -34,6 +34,7 @@ METHODS = {
     "_calculate_rewards": ["inputs", "prompts", "completions", "completion_ids_list"],
     "_generate": ["prompts"],  # a name on tracebacks only
 }
+TRAINER_METHODS = {"_clip_grad_norm": ["model"], "_get_grad_norm": ["model", "grad_norm"]}  # the transformers Trainer's, which BeforeClipping overrides
 # Attributes GRPOTrainer sets in __init__, and what grpo reads in them.
 ATTRIBUTES = ("_logs", "_metrics", "_step", "_tokenizer", "_is_vlm")
 LOG_KEYS = ("prompt", "completion", "rewards", "advantages")
@@ -96,6 +97,18 @@ def test_batch_steps_overrides_exactly_the_listed_methods_with_their_parameters(
         takes("GRPOTrainer", name, getattr(GRPOTrainer, name), ours)
 
 
+def test_before_clipping_overrides_the_trainers_clipping_with_its_parameters():
+    from transformers import Trainer
+
+    own = {name for name in vars(trl_private.BeforeClipping) if name.startswith("_") and not name.startswith("__")}
+    assert own == set(TRAINER_METHODS)
+    for name, expected in TRAINER_METHODS.items():
+        method = getattr(Trainer, name, None)
+        assert callable(method), f"transformers' Trainer.{name} is gone; {TESTED}"
+        takes("Trainer", name, method, expected)
+        assert [p.name for p in parameters(getattr(trl_private.BeforeClipping, name))] == expected
+
+
 def test_the_traceback_frames_name_grpo_trainer_methods():
     for name in trl_private.GENERATION_FRAMES + trl_private.SCORING_FRAMES:
         assert name in METHODS and callable(getattr(GRPOTrainer, name, None)), f"GRPOTrainer.{name} is gone; {TESTED}"
@@ -145,6 +158,6 @@ def private_names_used(path: Path) -> set[str]:
 
 
 def test_every_private_name_the_adapter_uses_is_checked_here():
-    checked = set(METHODS) | set(ATTRIBUTES) | set(KERNELS) | set(UTILS)
+    checked = set(METHODS) | set(TRAINER_METHODS) | set(ATTRIBUTES) | set(KERNELS) | set(UTILS)
     unchecked = private_names_used(ROOT / "grpo_cli" / "trl_private.py") - checked
     assert not unchecked, f"grpo_cli/trl_private.py uses {sorted(unchecked)}: add them to this test's tables"

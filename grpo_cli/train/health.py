@@ -21,6 +21,7 @@ from grpo_cli.console import console
 from grpo_cli.errors import UserError
 from grpo_cli.models import first_nonfinite
 from grpo_cli.train.checkpoints import latest_checkpoint
+from grpo_cli.trl_private import BeforeClipping
 
 # What can go non-finite in a step, in the order the step computes it.
 STAGES = ("rollout probabilities", "rewards", "advantages", "loss", "gradient norm")
@@ -30,8 +31,9 @@ class NonFiniteStop(UserError):
     """The run stopped on non-finite numbers; the message says what, when, and how to go on."""
 
 
-class GuardedSteps:
-    """Mixin for a transformers Trainer: each micro-batch's loss goes to the run's `StepGuard` (set `step_guard`)."""
+class GuardedSteps(BeforeClipping):
+    """Mixin for a transformers Trainer: each micro-batch's loss, and the step's gradients before they are clipped,
+    go to the run's `StepGuard` (set `step_guard`)."""
 
     step_guard: StepGuard | None = None
 
@@ -41,11 +43,48 @@ class GuardedSteps:
             self.step_guard.watch_loss(loss)
         return loss
 
+    def before_clipping(self, model) -> None:
+        if self.step_guard is not None:
+            self.step_guard.watch_gradients(model)
+
 
 @dataclass
 class BadStep:
     step: int
     what: list[str] = field(default_factory=list)
+    gradients: dict | None = None  # which gradients were non-finite before clipping (`nonfinite_gradients`)
+
+
+def gradient_flags(model):
+    """(names, device flags): whether each parameter's gradient is finite, read from the per-tensor norms of one
+    fused kernel (no sync). None where the gradients are not plain tensors on one device (DeepSpeed keeps none,
+    FSDP shards them)."""
+    import torch
+
+    named = [(name, p.grad) for name, p in model.named_parameters() if p.grad is not None]
+    grads = [grad for _, grad in named]
+    if not grads or any(type(g) is not torch.Tensor for g in grads) or len({g.device for g in grads}) > 1:
+        return None
+    return [name for name, _ in named], torch.isfinite(torch.stack(torch._foreach_norm(grads)))
+
+
+def nonfinite_gradients(flags) -> dict | None:
+    """How many gradients were non-finite, of how many, and the first and last of them in the model's parameter
+    order. The backward pass runs from the loss down through the layers, so where a non-finite value arises in
+    one layer's backward, the gradients of that layer and all below it are non-finite: `last` names the highest
+    of them, where it arose."""
+    if flags is None:
+        return None
+    names, finite = flags
+    bad = [name for name, ok in zip(names, finite.tolist()) if not ok]
+    if not bad:
+        return None
+    return {"non_finite": len(bad), "of": len(names), "first": bad[0], "last": bad[-1]}
+
+
+def gradients_text(gradients: dict) -> str:
+    where = gradients["first"] if gradients["non_finite"] == 1 else f"{gradients['first']} to {gradients['last']}"
+    return f"non-finite gradients in {gradients['non_finite']} of {gradients['of']} tensors: {where}"
 
 
 class StepGuard(TrainerCallback):
@@ -65,6 +104,7 @@ class StepGuard(TrainerCallback):
         self._noted: list[str] = []  # what this process found non-finite in the step under way
         self._sources: list[str] = []  # the rewards that returned inf, over the whole run
         self._loss_bad = None  # a device flag: some micro-batch's loss of the step under way was non-finite
+        self._gradients = None  # `gradient_flags` of the step under way, taken before clipping
         self._this_step: BadStep | None = None
         self._applied = False  # the bad step's update could not be skipped (DeepSpeed steps inside the backward)
 
@@ -84,6 +124,11 @@ class StepGuard(TrainerCallback):
 
         bad = ~torch.isfinite(loss.detach()).all()
         self._loss_bad = bad if self._loss_bad is None else self._loss_bad | bad
+
+    def watch_gradients(self, model) -> None:
+        """The step's gradients before clipping, which spreads a non-finite gradient to all of them: which ones are
+        finite, kept on the device and read only when the step turns out bad."""
+        self._gradients = gradient_flags(model)
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         """A resumed checkpoint is loaded by now: refuse one whose weights or optimizer state are not finite."""
@@ -125,13 +170,15 @@ class StepGuard(TrainerCallback):
         if trainer is not None and trainer.accelerator.num_processes > 1:
             flags = trainer.accelerator.reduce(flags, reduction="sum")
         found = [what for what, flag in zip(STAGES, flags.tolist()) if flag]  # the step's one sync
+        gradients, self._gradients = self._gradients, None
         self._noted, self._loss_bad = [], None
         if not found:
             self._this_step = None
             return
+        gradients = nonfinite_gradients(gradients) if "gradient norm" in found else None
         for p in model.parameters():
             p.grad = None  # the optimizer skips parameters without a gradient: no update, no state change
-        self._this_step = BadStep(state.global_step + 1, found)
+        self._this_step = BadStep(state.global_step + 1, found, gradients)
         self._applied = trainer is not None and trainer.is_deepspeed_enabled  # the update went in: stop now
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
@@ -141,9 +188,10 @@ class StepGuard(TrainerCallback):
             self.in_a_row += 1
             if state.is_world_process_zero:
                 limit = f"the run stops at {self.patience} in a row" if self.patience else "the run goes on"
+                where = f"; {gradients_text(bad.gradients)}" if bad.gradients else ""
                 console.print(
                     f"[bold red]step {bad.step}: non-finite {' and '.join(bad.what)} - update skipped[/] "
-                    f"({self.in_a_row} in a row; {limit})",
+                    f"({self.in_a_row} in a row; {limit}){where}",
                     soft_wrap=True,
                 )
             if self._applied or (self.patience and self.in_a_row >= self.patience):
@@ -200,7 +248,10 @@ class StepGuard(TrainerCallback):
         """What train_summary.json records of the guard."""
         return {
             "skipped_steps": len(self.skipped),
-            "non_finite_steps": [{"step": b.step, "non_finite": b.what} for b in self.skipped],
+            "non_finite_steps": [
+                {"step": b.step, "non_finite": b.what, **({"gradients": b.gradients} if b.gradients else {})}
+                for b in self.skipped
+            ],
             "stopped": self.stopped,
         }
 
