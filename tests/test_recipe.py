@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from grpo_cli.errors import UserError
+from grpo_cli.problems import listing
 from grpo_cli.recipe import builtin_recipes, check_recipe, load_recipe, schema
 from grpo_cli.recipe.load import read_recipe
 
@@ -102,8 +103,10 @@ def test_all_problems_reported_at_once_with_lines(tmp_path):
 @pytest.mark.parametrize("old,new", [("max_seq_length", "max_length"), ("use_liger_loss", "use_liger_kernel")])
 def test_renamed_keys_say_what_replaced_them(tmp_path, old, new):
     path = write(tmp_path, f"model_name_or_path: m\n{old}: 1\n")
-    _, problems = read_recipe(str(path), [], "sft" if old == "max_seq_length" else "rl")
-    assert len(problems) == 1 and f"`{new}" in problems[0] and f"{path}:2" in problems[0]
+    _, found = read_recipe(str(path), [], "sft" if old == "max_seq_length" else "rl")
+    problems = listing(found)
+    assert len(problems) == 1 and f"`{new}" in problems[0] and problems[0].startswith(f"{path}:2: ")
+    assert found[0].key == old and found[0].line == 2
 
 
 def test_process_count_changes_divisibility(tmp_path):
@@ -286,7 +289,8 @@ def test_unreadable_recipes_get_one_message(tmp_path):
 
 def test_env_values_must_be_strings_or_numbers(tmp_path):
     path = write(tmp_path, GOOD.replace('GRPO_TEST_VARIABLE: "on"', "A: null\n      B: [1, 2]\n      C: 3\n      D: true"))
-    recipe, problems = read_recipe(str(path), [], "rl")
+    recipe, found = read_recipe(str(path), [], "rl")
+    problems = listing(found)
     assert any("`env` A: null is not a value" in p for p in problems)
     assert any("`env` B: list is not a value" in p for p in problems)
     assert recipe.env == {"C": "3", "D": "true"}
@@ -294,7 +298,8 @@ def test_env_values_must_be_strings_or_numbers(tmp_path):
 
 def test_many_unknown_keys_are_counted_and_a_huge_file_is_refused_at_once(tmp_path):
     path = write(tmp_path, GOOD + "".join(f"    made_up_{i}: 1\n" for i in range(500)))
-    _, problems = read_recipe(str(path), [], "rl")
+    _, found = read_recipe(str(path), [], "rl")
+    problems = listing(found)
     assert len([p for p in problems if "unknown key `" in p]) == 20
     assert any(p.endswith("... and 480 more unknown keys") for p in problems)
     huge = tmp_path / "huge.yaml"
@@ -357,8 +362,13 @@ def test_a_problem_is_located_by_its_key_not_its_text(tmp_path):
 
     path = write(tmp_path, "model_name_or_path: m\ntask: countdown\n")
     recipe = load_recipe(str(path), ["--seed", "3"], "rl")
-    problems = [Problem("task", "`seed` is mentioned here (key: seed)"), Problem("seed", "x"), Problem(None, "task")]
-    assert _located(recipe, problems) == [f"{path}:2: `seed` is mentioned here (key: seed)", "command line: x", "task"]
+    problems = [Problem(None, "task"), Problem("seed", "x"), Problem("task", "`seed` is mentioned here (key: seed)")]
+    # listed in the file's line order, then the command line's, then the rest
+    assert listing(_located(recipe, problems)) == [
+        f"{path}:2: `seed` is mentioned here (key: seed)",
+        "command line: x",
+        "task",
+    ]
 
 
 def test_without_a_command_the_recipe_keys_choose_it(tmp_path):

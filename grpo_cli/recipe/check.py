@@ -6,14 +6,14 @@ import importlib.util
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from grpo_cli.arguments import TrackingArguments
 from grpo_cli.errors import UserError
-from grpo_cli.problems import Problem
+from grpo_cli.problems import Problem, listing
 from grpo_cli.recipe.hardware import generation_batch
-from grpo_cli.recipe.load import Recipe, problem_order
+from grpo_cli.recipe.load import Recipe
 
 
 @dataclass
@@ -151,15 +151,19 @@ def _value_problems(recipe: Recipe) -> list[Problem]:
         if not ENV_NAME.match(name):
             problems.append(Problem(
                 None,
-                f"{recipe.path or 'recipe'}: `env` name {name!r} is not an environment variable name (letters, digits "
-                "and _, not starting with a digit)",
+                f"`env` name {name!r} is not an environment variable name (letters, digits and _, not starting with "
+                "a digit)",
+                str(recipe.path or "recipe"),
             ))
     return problems
 
 
-def _located(recipe: Recipe, problems: list[Problem]) -> list[str]:
-    """Each problem's line: prefixed by where its key was set (`default` where the key was left unset)."""
-    return [f"{recipe.where(p.key)}: {p.message}" if p.key is not None else p.message for p in problems]
+def _located(recipe: Recipe, problems: list[Problem]) -> list[Problem]:
+    """Each problem about a key placed where the key was set (`default` where it was left unset)."""
+    return [
+        replace(p, where=recipe.where(p.key), line=recipe.lines.get(p.key)) if p.key is not None else p
+        for p in problems
+    ]
 
 
 def _batch_problems(recipe: Recipe, num_processes: int) -> list[Problem]:
@@ -232,7 +236,7 @@ def _reward_problems(recipe: Recipe) -> list[Problem]:
 
 
 def check_recipe(
-    recipe: Recipe, num_processes: int = 1, accelerate_config: dict | None = None, problems: list[str] | None = None
+    recipe: Recipe, num_processes: int = 1, accelerate_config: dict | None = None, problems: list[Problem] | None = None
 ) -> Plan:
     """Check what a single key can't tell; raise UserError with every problem (and the loader's lines given), or
     return the plan."""
@@ -245,7 +249,7 @@ def check_recipe(
     # the arithmetic below needs these keys' values
     batch_ok = not {p.key for p in values} & {"per_device_train_batch_size", "num_generations", "gradient_accumulation_steps"}
     if "model_name_or_path" not in recipe.values:
-        found.append(Problem(None, f"{recipe.path or 'recipe'}: `model_name_or_path` is missing - name a model to train"))
+        found.append(Problem(None, "`model_name_or_path` is missing - name a model to train", str(recipe.path or "recipe")))
     if recipe.command == "rl":
         found += _batch_problems(recipe, num_processes) if batch_ok else []
         found += _reward_problems(recipe)
@@ -258,7 +262,7 @@ def check_recipe(
             ))
     problems = list(problems or []) + _located(recipe, found)
     if problems:
-        raise UserError(*sorted(problems, key=problem_order))
+        raise UserError(*listing(problems))
     return build_plan(recipe, num_processes, accelerate_config)
 
 
@@ -289,12 +293,11 @@ ROW_KEYS = {
 def sources(recipe: Recipe, keys: tuple[str, ...]) -> str:
     """Where the keys' values came from, for people: the recipe file's lines together (`countdown.yaml:6,7`), then
     the other sources, each once; `default` only where no key was set otherwise."""
-    prefix = f"{recipe.path}:" if recipe.path else None
     lines, others = [], []
     for key in keys:
         where = recipe.where(key)
-        if prefix and where.startswith(prefix):
-            lines.append(int(where[len(prefix):]))
+        if key in recipe.lines:
+            lines.append(recipe.lines[key])
         elif where != "default" and where not in others:
             others.append(where)
     named = [f"{recipe.path.name}:{','.join(map(str, sorted(set(lines))))}"] if lines else []

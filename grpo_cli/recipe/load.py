@@ -13,7 +13,6 @@ import copy
 import dataclasses
 import difflib
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from grpo_cli.arguments import (
 )
 from grpo_cli.errors import UserError
 from grpo_cli.hub import SOURCE_VARIABLE
+from grpo_cli.problems import Problem, listing
 from grpo_cli.recipe import schema
 from grpo_cli.recipe.hardware import Hardware, detect_hardware, hardware_defaults
 
@@ -63,9 +63,10 @@ class Recipe:
     env: Mapping[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     hardware: Hardware | None = None  # the machine its defaults were decided for
+    lines: Mapping[str, int] = field(default_factory=dict)  # the recipe file's line of each key whose value it set
 
     def __post_init__(self):
-        for name in ("values", "locations", "env"):
+        for name in ("values", "locations", "env", "lines"):
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
         object.__setattr__(self, "warnings", tuple(self.warnings))
 
@@ -204,7 +205,7 @@ def recipe_text(path: Path) -> str:
         raise UserError(f"{path}: cannot read it ({err.strerror})") from None
 
 
-def _read_yaml(path: Path) -> tuple[dict, dict[str, int], list[str]]:
+def _read_yaml(path: Path) -> tuple[dict, dict[str, int], list[Problem]]:
     """Top-level mapping of a YAML file, the line of each key, and problems (duplicates)."""
     text = recipe_text(path)
     loader = YAML_LOADER(text)  # the safe loader (libyaml's where it is built); the text is parsed once
@@ -230,20 +231,12 @@ def _read_yaml(path: Path) -> tuple[dict, dict[str, int], list[str]]:
         key = str(key_node.value)
         line = key_node.start_mark.line + 1
         if key in lines:
-            problems.append(f"{path}:{line}: `{key}` is set twice (first on line {lines[key]}) - keep one")
+            problems.append(Problem(key, f"`{key}` is set twice (first on line {lines[key]}) - keep one", f"{path}:{line}", line))
         lines[key] = line
     return {str(k): v for k, v in data.items()}, lines, problems
 
 
-def problem_order(problem: str) -> tuple[int, int]:
-    """Sort key: the file's problems in line order, then the command line's, then the rest."""
-    match = re.match(r"[^:\s]+:(\d+): ", problem)
-    if match:
-        return (0, int(match.group(1)))
-    return (1 if problem.startswith("command line") else 2, 0)
-
-
-def _split_overrides(tokens: list[str]) -> tuple[list[tuple[str, list[str]]], list[str]]:
+def _split_overrides(tokens: list[str]) -> tuple[list[tuple[str, list[str]]], list[Problem]]:
     """`--key value`, `--key=value`, `--flag`, `--key v1 v2` -> [(key, [values])]."""
     pairs: list[tuple[str, list[str]]] = []
     problems = []
@@ -254,7 +247,7 @@ def _split_overrides(tokens: list[str]) -> tuple[list[tuple[str, list[str]]], li
         elif pairs:
             pairs[-1][1].append(token)
         else:
-            problems.append(f"command line: `{token}` is not an option - overrides look like `--learning_rate 1e-6`")
+            problems.append(Problem(None, f"`{token}` is not an option - overrides look like `--learning_rate 1e-6`", "command line"))
     return pairs, problems
 
 
@@ -336,18 +329,18 @@ def coerce(value: Any, spec: dict) -> Any:
 MAX_UNKNOWN_KEYS = 20  # named one by one; more are counted
 
 
-def _unknown_key_problem(key: str, command: str, where: str) -> str:
+def _unknown_key_problem(key: str, command: str) -> str:
     if key in schema.RENAMED:
-        return f"{where}: `{key}` was {schema.RENAMED[key]}"
+        return f"`{key}` was {schema.RENAMED[key]}"
     other = "sft" if command == "rl" else "rl"
     if key in schema.keys(other):
         return (
-            f"{where}: `{key}` is a `{COMMAND_NAMES[other]}` key, not a `{COMMAND_NAMES[command]}` one - "
+            f"`{key}` is a `{COMMAND_NAMES[other]}` key, not a `{COMMAND_NAMES[command]}` one - "
             f"remove it, or run the recipe with `{COMMAND_NAMES[other]}`"
         )
     close = difflib.get_close_matches(key, list(schema.keys(command)), n=1, cutoff=0.75)
     hint = f"did you mean `{close[0]}`?" if close else f"`grpo recipes keys {command}` lists them"
-    return f"{where}: unknown key `{key}` - {hint}"
+    return f"unknown key `{key}` - {hint}"
 
 
 def command_of(keys) -> str:
@@ -367,7 +360,7 @@ def load_recipe(
     `command` None: the one its keys suggest (`command_of`). Raises UserError listing every problem found."""
     recipe, problems = read_recipe(path_or_name, overrides, command, hardware)
     if problems:
-        raise UserError(*problems)
+        raise UserError(*listing(problems))
     return recipe
 
 
@@ -376,16 +369,16 @@ def read_recipe(
     overrides: list[str] | None = None,
     command: str | None = "rl",
     hardware: Hardware | None = None,
-) -> tuple[Recipe, list[str]]:
+) -> tuple[Recipe, list[Problem]]:
     """Load a recipe, keeping the keys that are valid, with the defaults of `hardware` (default: this machine, as
     `detect_hardware` sees it); returns it with the problems of the others. `command` None: the one the recipe's
-    keys suggest. Each problem is a line that already says where (an unknown key has no place in the recipe's
-    locations)."""
+    keys suggest. Each problem says where it is (an unknown key has no place in the recipe's locations)."""
     if command is not None and command not in schema.COMMANDS:
         raise ValueError(f"unknown command {command!r}")
-    problems: list[str] = []
+    problems: list[Problem] = []
     raw: dict[str, Any] = {}
     locations: dict[str, str] = {}
+    lines: dict[str, int] = {}  # the recipe file's line of each key it sets
     env: dict[str, str] = {}
     path = None
     data: dict[str, Any] = {}
@@ -396,36 +389,42 @@ def read_recipe(
     keys = schema.keys(command)
     if path_or_name:
         env_section = data.pop("env", None) or {}
+        env_line = lines.pop("env", 1)
         if not isinstance(env_section, dict):
-            problems.append(f"{path}:{lines.get('env', 1)}: `env` must be a mapping of NAME: value")
+            problems.append(Problem("env", "`env` must be a mapping of NAME: value", f"{path}:{env_line}", env_line))
         else:
             for name, value in env_section.items():
                 if isinstance(value, bool):
                     value = str(value).lower()  # `on: true` means what a shell would read: true
                 if not isinstance(value, (str, int, float)):
                     shown = "null" if value is None else type(value).__name__
-                    problems.append(
-                        f"{path}:{lines.get('env', 1)}: `env` {name}: {shown} is not a value an environment variable "
-                        'can hold - give a string or a number (quote it, e.g. "")'
-                    )
+                    problems.append(Problem(
+                        "env",
+                        f"`env` {name}: {shown} is not a value an environment variable can hold - give a string or "
+                        'a number (quote it, e.g. "")',
+                        f"{path}:{env_line}",
+                        env_line,
+                    ))
                     continue
                 env[str(name)] = str(value)
         for key, value in data.items():
             raw[key] = value
-            locations[key] = f"{path}:{lines.get(key, 1)}"
+            lines.setdefault(key, 1)
+            locations[key] = f"{path}:{lines[key]}"
     pairs, cli_problems = _split_overrides(list(overrides or []))
     problems += cli_problems
     for key, texts in pairs:
         where = f"command line `--{key}`"
         if key not in keys:
-            problems.append(_unknown_key_problem(key, command, where))
+            problems.append(Problem(key, _unknown_key_problem(key, command), where))
             continue
         try:
             raw[key] = _override_value(key, keys[key], texts)
         except (ValueError, yaml.YAMLError):
-            problems.append(f"{where}: expected {_type_name(keys[key])}, got {' '.join(texts) or 'nothing'}")
+            problems.append(Problem(key, f"expected {_type_name(keys[key])}, got {' '.join(texts) or 'nothing'}", where))
             continue
         locations[key] = "command line"
+        lines.pop(key, None)
 
     values: dict[str, Any] = {}
     unknown = 0
@@ -434,15 +433,15 @@ def read_recipe(
         if key not in keys:
             unknown += 1
             if unknown <= MAX_UNKNOWN_KEYS:  # named with a suggestion each; past that, counted
-                problems.append(_unknown_key_problem(key, command, where))
+                problems.append(Problem(key, _unknown_key_problem(key, command), where, lines.get(key)))
             continue
         try:
             values[key] = coerce(value, keys[key])
         except ValueError as err:
-            problems.append(f"{where}: `{key}` must be {err}, got {value!r}")
+            problems.append(Problem(key, f"`{key}` must be {err}, got {value!r}", where, lines.get(key)))
 
     if unknown > MAX_UNKNOWN_KEYS:
-        problems.append(f"{path or 'recipe'}: ... and {unknown - MAX_UNKNOWN_KEYS} more unknown keys")
+        problems.append(Problem(None, f"... and {unknown - MAX_UNKNOWN_KEYS} more unknown keys", str(path or "recipe")))
     for key, value in PROJECT_DEFAULTS.items():
         if key in keys and key not in values:
             values[key] = value
@@ -456,6 +455,7 @@ def read_recipe(
     for key, (value, why) in chosen.items():
         values[key] = value
         locations[key] = f"hardware default ({why})"
-    problems.sort(key=problem_order)
-    recipe = Recipe(command, path, values, locations, env, tuple(notes), hardware)
+        lines.pop(key, None)
+    lines = {key: line for key, line in lines.items() if key in values}
+    recipe = Recipe(command, path, values, locations, env, tuple(notes), hardware, lines)
     return recipe, problems
