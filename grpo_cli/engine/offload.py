@@ -152,9 +152,8 @@ def layer_input_share(config, micro_batch: int, generation_rows: int) -> float:
     """A micro-batch's layer inputs (what offloading moves: layers x rows x tokens x hidden size) over the KV cache
     the rollout of the whole generation batch holds (layers x rows x tokens x keys and values x their heads' size),
     over the same sequence length. Offloading can lower a GRPO step's peak only where the forward/backward, not the
-    rollout, sets it; measured on Qwen2.5 shapes (benchmarks/README.md), it did at shares of 0.75-0.88 (32
-    completions of 256 tokens per micro-batch) and could not at 0.19-0.22 (8 of 1024), where the rollout peaked
-    (since the shared prefill, the forward/backward peaks there too, under plain TRL's without offloading)."""
+    rollout, sets it: where this share is high (benchmarks/README.md has the shares measured on both sides of the
+    rule in `grpo_cli.recipe.hardware`)."""
     from grpo_cli.engine.rollout import cache_width
 
     return micro_batch * config.hidden_size / (generation_rows * cache_width(config))
