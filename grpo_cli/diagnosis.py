@@ -6,7 +6,9 @@ A finding's state must hold for `HOLD` (3) logs in a row unless said otherwise. 
 
 - never rewarded: the run's first logs have reward <= 0 and reward_std 0 (every completion scored alike, nothing
   above 0) for `HOLD` logs: GRPO has nothing to learn from until some completion is rewarded.
-- most groups zero-variance: `frac_reward_zero_std` >= `ZERO_STD_SHARE` (0.5).
+- most groups zero-variance: `frac_reward_zero_std` >= `ZERO_STD_SHARE` (0.5). With `dynamic_sampling` the share
+  of the groups trained on instead (`dynamic_sampling/filled_share`: the dropped groups that filled a batch still
+  short after the extra rounds), since the others never reach the update.
 - reward flat: over `FLAT_LOGS` (50) logs the reward's fitted change (a least-squares line) is small for sure: its
   size plus two standard errors stays under `FLAT_RISE` (0.05) x max(1, |reward|), while most groups still tell
   completions apart (else "zero-variance" explains it). A step's reward is the mean of a few prompts' groups and moves
@@ -145,20 +147,37 @@ def never_rewarded(logs: list[dict], values: dict) -> Finding | None:
     )
 
 
+def zero_variance_key(values: dict) -> str:
+    """The logged share of trained groups whose completions all got the same reward (`zero_variance`)."""
+    return "dynamic_sampling/filled_share" if values.get("dynamic_sampling") is True else "frac_reward_zero_std"
+
+
 def zero_variance(logs: list[dict], values: dict) -> Finding | None:
-    held = _share_held(logs, "frac_reward_zero_std", ZERO_STD_SHARE)
+    dynamic = zero_variance_key(values) != "frac_reward_zero_std"
+    held = _share_held(logs, zero_variance_key(values), ZERO_STD_SHARE)
     if held is None:
         return None
     start, share = held
     n = _value(values, "num_generations")
     more = f"--num_generations {int(n) * 2}" if n else "a higher --num_generations"
+    if dynamic:
+        rounds = _value(values, "dynamic_sampling_max_rounds")
+        higher = f"--dynamic_sampling_max_rounds {int(rounds) * 2}" if rounds else "a higher --dynamic_sampling_max_rounds"
+        said = (
+            f"zero-variance groups: after dynamic sampling's extra rounds, {share:.0%} of the groups trained on still "
+            f"gave all their completions the same reward, so they teach nothing - more rounds ({higher}"
+            f"{_now(values, 'dynamic_sampling_max_rounds')}), more "
+        )
+    else:
+        said = (
+            f"zero-variance groups: {share:.0%} of groups gave all their completions the same reward, so they teach "
+            "nothing - more "
+        )
     return Finding(
         "zero_variance",
         _step(logs[start], start),
-        f"zero-variance groups: {share:.0%} of groups gave all their completions the same reward, so they "
-        "teach nothing - more "
-        f"completions per prompt ({more}{_now(values, 'num_generations')}; the generation batch must stay a multiple "
-        "of it) or prompts nearer the model's level (harder if it solves them all, easier if none)",
+        f"{said}completions per prompt ({more}{_now(values, 'num_generations')}; the generation batch must stay a "
+        "multiple of it) or prompts nearer the model's level (harder if it solves them all, easier if none)",
     )
 
 
@@ -184,7 +203,7 @@ def reward_flat(logs: list[dict], values: dict) -> Finding | None:
         change, error = _fitted_change(window)
         if abs(change) + 2 * error > FLAT_RISE * max(1.0, abs(mean)):
             continue
-        shares = [finite_number(entry, "frac_reward_zero_std") for entry in logs[start:end]]
+        shares = [finite_number(entry, zero_variance_key(values)) for entry in logs[start:end]]
         known = [s for s in shares if s is not None]
         if known and statistics.fmean(known) >= ZERO_STD_SHARE:
             continue  # most groups have no variance: `zero_variance` says why

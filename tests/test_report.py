@@ -332,6 +332,19 @@ def test_most_groups_zero_variance(tmp_path):
         "zero_variance"].message
 
 
+def test_with_dynamic_sampling_only_the_groups_trained_on_count(tmp_path):
+    """Dynamic sampling drops the groups without variance: most scored groups having none is its work, not a
+    finding; the dropped groups that still had to fill the batch are."""
+    dropped = [log(s, frac_reward_zero_std=0.8, **{"dynamic_sampling/filled_share": 0.0}) for s in range(1, 10)]
+    assert findings_of(tmp_path, dropped, dynamic_sampling=True) == {}
+    filled = [log(s, frac_reward_zero_std=0.9, **{"dynamic_sampling/filled_share": 0.1 if s < 5 else 0.6})
+              for s in range(1, 10)]
+    found = findings_of(tmp_path / "filled", filled, dynamic_sampling=True, dynamic_sampling_max_rounds=2)
+    assert list(found) == ["zero_variance"] and found["zero_variance"].step == 5
+    message = found["zero_variance"].message
+    assert "60% of the groups trained on" in message and "--dynamic_sampling_max_rounds 4, now 2" in message
+
+
 def test_truncation_high_and_length_collapse(tmp_path):
     cut = [log(s, **{"completions/clipped_ratio": 0.45}) for s in range(1, 6)]
     found = findings_of(tmp_path, cut)
