@@ -37,6 +37,13 @@ class TaskArguments:
         default=0,
         metadata={"help": "Generate this many rows with the task's own generator (countdown) instead of loading data."},
     )
+    dataset_generate_numbers: list[int] = field(
+        default_factory=lambda: [3, 4],
+        metadata={
+            "help": "Countdown, with dataset_generate: the fewest and the most numbers in a generated problem, e.g. "
+            "[3, 3] for problems a small model can solve."
+        },
+    )
     dataset_seed: int = field(default=0, metadata={"help": "Seed for generated data and for the held-out test split."})
     max_samples: int | None = field(default=None, metadata={"help": "Use at most this many training rows."})
     system_prompt: str | None = field(

@@ -14,6 +14,7 @@ from grpo_cli.tasks import (
     TASKS,
     chat_template_text,
     completion_text,
+    dataset_source,
     for_prefill,
     get_task,
     load_task_dataset,
@@ -227,6 +228,21 @@ def test_the_test_split_is_carved_identically_and_never_trained_on():
         args("countdown", dataset_generate=60, dataset_seed=5, dataset_test_size=10), "test"
     )
     assert len(whole_count) == 10
+
+
+def test_generated_problems_have_the_recipes_count_of_numbers():
+    keys = {"dataset_generate": 40, "dataset_seed": 2, "dataset_test_size": 0}
+    default = load_task_dataset(args("countdown", **keys), "train")
+    assert {len(r["nums"]) for r in default} == {3, 4}
+    three = load_task_dataset(args("countdown", dataset_generate_numbers=[3, 3], **keys), "train")
+    assert {len(r["nums"]) for r in three} == {3}
+    assert all(check_equation(r["solution"], r["nums"], r["target"]) is None for r in three)
+    assert dataset_source(args("countdown", dataset_generate_numbers=[3, 3], **keys)) == (
+        "40 generated countdown tasks of 3 numbers (seed 2)"
+    )
+    for wrong in ([5, 3], [1, 2], [3], [3, 7]):
+        (problem,) = task_problems(args("countdown", dataset_generate_numbers=wrong, **keys))
+        assert problem.key == "dataset_generate_numbers" and str(wrong) in problem.message
 
 
 def test_a_folder_with_split_files_and_a_parquet_file(tmp_path):

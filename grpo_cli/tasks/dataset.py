@@ -27,7 +27,9 @@ def _looks_local(name: str) -> bool:
 def dataset_source(args: TaskArguments) -> str:
     """Where the rows come from, in words: the file, the Hub id, or the generator."""
     if args.dataset_generate > 0:
-        return f"{args.dataset_generate} generated {args.task} tasks (seed {args.dataset_seed})"
+        low, high = args.dataset_generate_numbers
+        numbers = f"{low}" if low == high else f"{low}-{high}"
+        return f"{args.dataset_generate} generated {args.task} tasks of {numbers} numbers (seed {args.dataset_seed})"
     return args.dataset_name or get_task(args.task).default_dataset
 
 
@@ -47,6 +49,12 @@ def task_problems(args: TaskArguments) -> list[Problem]:
         problems.append(Problem("prompt_column", "prompt_column and prompt_template are both set - keep one of them"))
     if args.dataset_generate < 0:
         problems.append(Problem("dataset_generate", f"dataset_generate must be 0 or more, got {args.dataset_generate}"))
+    numbers = args.dataset_generate_numbers
+    if not (len(numbers) == 2 and 2 <= numbers[0] <= numbers[1] <= 6):
+        problems.append(Problem(
+            "dataset_generate_numbers",
+            f"dataset_generate_numbers must be [fewest, most] with 2 <= fewest <= most <= 6, got {numbers}",
+        ))
     if args.dataset_generate > 0 and not task.generates:
         problems.append(
             Problem("dataset_generate", f"dataset_generate: task {task.name} cannot generate data - set dataset_name instead")
@@ -72,7 +80,7 @@ def _load_all(args: TaskArguments, task: Task) -> datasets.DatasetDict:
     import datasets
 
     if args.dataset_generate > 0:
-        rows = task.generate(args.dataset_generate, args.dataset_seed)
+        rows = task.generate(args.dataset_generate, args.dataset_seed, tuple(args.dataset_generate_numbers))
         if rows is None:
             raise UserError(
                 f"dataset_generate: task {task.name} cannot generate data - set dataset_name instead"
