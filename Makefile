@@ -46,12 +46,13 @@ demo: install
 # 4000 generated problems, 200 held out, 64 completions of up to 192 tokens a step. Install with the GPU's torch:
 # make demo-gpu TORCH_SPEC=torch EXTRAS=dev,liger
 DEMO_GPU := outputs/demo-gpu
-GPU_DATA := --use_cpu false --dataset_generate 4000 --dataset_test_size 200
+GPU_DATA := --use_cpu false --dataset_generate 4000 --dataset_test_size 200 --dataset_generate_numbers 3 4
 demo-gpu: install
 	$(BIN)/grpo models prepare smollm2-135m-instruct
 	$(BIN)/grpo sft -c demo/countdown-sft $(GPU_DATA) --max_steps 16 --output_dir $(DEMO_GPU)/sft --no-resume --overwrite
 	$(BIN)/grpo rl -c demo/countdown-rl $(GPU_DATA) --model_name_or_path $(DEMO_GPU)/sft --per_device_train_batch_size 64 \
-		--max_completion_length 192 --learning_rate 5e-5 --temperature 1.0 --max_steps 250 --save_steps 50 \
+		--max_completion_length 192 --learning_rate 5e-5 --temperature 1.0 --num_generations 8 \
+		--reward_weights 0.5 1.0 --gradient_checkpointing true --max_steps 250 --save_steps 50 \
 		--sample_every 50 --output_dir $(DEMO_GPU)/rl --no-resume --overwrite
 	$(BIN)/grpo merge --adapter $(DEMO_GPU)/rl --output $(DEMO_GPU)/merged --force
 	$(BIN)/grpo eval -c demo/countdown-rl $(GPU_DATA) --max_completion_length 192 --model smollm2-135m-instruct \

@@ -316,7 +316,9 @@ def build_plan(recipe: Recipe, num_processes: int, accelerate_config: dict | Non
     per_device = v["per_device_train_batch_size"]
     accumulation = v["gradient_accumulation_steps"]
     if task.dataset_generate:
-        dataset = f"{task.dataset_generate} generated {task.task} rows (seed {task.dataset_seed})"
+        from grpo_cli.tasks import dataset_source
+
+        dataset = dataset_source(task)
     else:
         from grpo_cli.tasks import TASKS
 
