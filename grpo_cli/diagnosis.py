@@ -162,7 +162,9 @@ def zero_variance(logs: list[dict], values: dict) -> Finding | None:
     more = f"--num_generations {int(n) * 2}" if n else "a higher --num_generations"
     if dynamic:
         rounds = _value(values, "dynamic_sampling_max_rounds")
-        higher = f"--dynamic_sampling_max_rounds {int(rounds) * 2}" if rounds else "a higher --dynamic_sampling_max_rounds"
+        higher = "a higher --dynamic_sampling_max_rounds"
+        if rounds:
+            higher = f"--dynamic_sampling_max_rounds {int(rounds) * 2}"
         said = (
             f"zero-variance groups: after dynamic sampling's extra rounds, {share:.0%} of the groups trained on still "
             f"gave all their completions the same reward, so they teach nothing - more rounds ({higher}"

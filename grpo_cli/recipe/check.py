@@ -249,7 +249,8 @@ def check_recipe(
     # the arithmetic below needs these keys' values
     batch_ok = not {p.key for p in values} & {"per_device_train_batch_size", "num_generations", "gradient_accumulation_steps"}
     if "model_name_or_path" not in recipe.values:
-        found.append(Problem(None, "`model_name_or_path` is missing - name a model to train", str(recipe.path or "recipe")))
+        missing = "`model_name_or_path` is missing - name a model to train"
+        found.append(Problem(None, missing, str(recipe.path or "recipe")))
     if recipe.command == "rl":
         found += _batch_problems(recipe, num_processes) if batch_ok else []
         found += _reward_problems(recipe)

@@ -231,7 +231,8 @@ def _read_yaml(path: Path) -> tuple[dict, dict[str, int], list[Problem]]:
         key = str(key_node.value)
         line = key_node.start_mark.line + 1
         if key in lines:
-            problems.append(Problem(key, f"`{key}` is set twice (first on line {lines[key]}) - keep one", f"{path}:{line}", line))
+            twice = f"`{key}` is set twice (first on line {lines[key]}) - keep one"
+            problems.append(Problem(key, twice, f"{path}:{line}", line))
         lines[key] = line
     return {str(k): v for k, v in data.items()}, lines, problems
 
@@ -247,7 +248,8 @@ def _split_overrides(tokens: list[str]) -> tuple[list[tuple[str, list[str]]], li
         elif pairs:
             pairs[-1][1].append(token)
         else:
-            problems.append(Problem(None, f"`{token}` is not an option - overrides look like `--learning_rate 1e-6`", "command line"))
+            text = f"`{token}` is not an option - overrides look like `--learning_rate 1e-6`"
+            problems.append(Problem(None, text, "command line"))
     return pairs, problems
 
 
@@ -421,7 +423,8 @@ def read_recipe(
         try:
             raw[key] = _override_value(key, keys[key], texts)
         except (ValueError, yaml.YAMLError):
-            problems.append(Problem(key, f"expected {_type_name(keys[key])}, got {' '.join(texts) or 'nothing'}", where))
+            expected = f"expected {_type_name(keys[key])}, got {' '.join(texts) or 'nothing'}"
+            problems.append(Problem(key, expected, where))
             continue
         locations[key] = "command line"
         lines.pop(key, None)
