@@ -27,8 +27,7 @@ def _looks_local(name: str) -> bool:
 def dataset_source(args: TaskArguments) -> str:
     """Where the rows come from, in words: the file, the Hub id, or the generator."""
     if args.dataset_generate > 0:
-        low, high = args.dataset_generate_numbers
-        numbers = f"{low}" if low == high else f"{low}-{high}"
+        numbers = "-".join(str(n) for n in dict.fromkeys(args.dataset_generate_numbers))  # 3-4, or 2 for [2, 2]
         return f"{args.dataset_generate} generated {args.task} tasks of {numbers} numbers (seed {args.dataset_seed})"
     return args.dataset_name or get_task(args.task).default_dataset
 
