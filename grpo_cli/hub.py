@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from grpo_cli.errors import UserError
-from grpo_cli.problems import Problem, messages
+from grpo_cli.problems import Problem, listing
 
 SOURCES = ("huggingface", "modelscope")
 SOURCE_VARIABLE = "GRPO_MODEL_SOURCE"
@@ -74,7 +74,7 @@ def modelscope_snapshot(repo_id: str, kind: str = "model", revision: str | None 
     `key` names the recipe key in messages (model_name_or_path, dataset_name).
     """
     if problems := source_problems("modelscope"):
-        raise UserError(*messages(problems))
+        raise UserError(*listing(problems))
     revision = None if revision in (None, "", "main") else revision  # main: Hugging Face's default; ModelScope's is master
     cache_key = (kind, repo_id, revision, os.environ.get("MODELSCOPE_CACHE"))
     if cache_key in _resolved:

@@ -31,7 +31,3 @@ def listing(problems: list[Problem]) -> list[str]:
     ordered = sorted(problems, key=_order)
     return [f"{p.where}: {p.message}" if p.where else p.message for p in ordered]
 
-
-def messages(problems: list[Problem]) -> list[str]:
-    """The problems' messages as they are, for a UserError where no recipe says where keys were set."""
-    return [problem.message for problem in problems]

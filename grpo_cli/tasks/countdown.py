@@ -227,7 +227,7 @@ class CountdownTask(Task):
         answer = answer_of(text)
         return answer is not None and check_equation(answer, list(row["nums"]), int(row["target"])) is None
 
-    def generate(self, num: int, seed: int, numbers: tuple[int, int] = (3, 4)) -> list[dict] | None:
+    def generate(self, num: int, seed: int, numbers: tuple[int, int]) -> list[dict] | None:
         return generate_rows(num, seed, min_numbers=numbers[0], max_numbers=numbers[1])
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from grpo_cli.arguments import TaskArguments
 from grpo_cli.errors import UserError
-from grpo_cli.problems import Problem, messages
+from grpo_cli.problems import Problem, listing
 from grpo_cli.tasks.task import Task, for_prefill, get_task
 
 if TYPE_CHECKING:
@@ -163,7 +163,7 @@ def load_task_dataset(args: TaskArguments, split: str, seed: int = 0) -> dataset
     task = get_task(args.task)
     problems = task_problems(args)
     if problems:
-        raise UserError(*messages(problems))
+        raise UserError(*listing(problems))
     splits = _load_all(args, task)
     source = dataset_source(args)
     train_name, test_name = args.dataset_train_split, args.dataset_test_split

@@ -148,7 +148,7 @@ class Task:
         """Whether the text's final answer is correct for the row."""
         raise UserError(f"task {self.name} has no correctness check")
 
-    def generate(self, num: int, seed: int, numbers: tuple[int, int] = (3, 4)) -> list[dict] | None:
+    def generate(self, num: int, seed: int, numbers: tuple[int, int]) -> list[dict] | None:
         """Generated rows, for tasks that can make their own data; None otherwise. `numbers`: the fewest and the
         most numbers in a problem (`dataset_generate_numbers`), for tasks whose problems have them."""
         return None
