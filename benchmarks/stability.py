@@ -13,8 +13,13 @@ step whose gradients are not finite it records which parameters' gradients are, 
 loss and backward as it ran, without activation offloading, with TRL's own LM-head backward, and with both off.
 The guard (on by default) skips the step; the run goes on until its steps or the time budget end.
 
-`--plain` runs each seed as the command itself (`python3 -m grpo_cli rl -c countdown ...`) with nothing of the
-above: the steps and non-finite steps come from its console and `train_summary.json`.
+`--plain` runs each seed as the command itself (`python3 -m grpo_cli rl -c countdown ...`) with none of the per-step
+records: the steps and non-finite steps come from its console and `train_summary.json`. Only at a step whose
+gradients the guard finds non-finite (the first three of a run) does something more run: the same micro-batch is
+replayed on the same weights, twice as the run has the levers and then with each lever off (`replay_variants`), and
+the gradient norm and the non-finite gradients of each replay go to the run's record (`run-N.jsonl`, `replays` in the
+JSON). A non-finite value that comes back in the replay as run is a property of the weights and the batch; one that
+does not came from the run's timing or memory layout.
 
 Each run has `stall_timeout` set to `--stall-s`: when no step ends for that long, the command itself writes every
 thread's Python stack into `run-N/stall-stacks.txt`. A run whose log stops growing for that long is stalled: it is
@@ -56,6 +61,52 @@ def overrides_of(pairs: list[str], stall_s: float | None = None) -> dict[str, st
 
 def finite_or_none(value):
     return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def replay_batch(trainer, model, inputs, loss_of, offloads: list, trl_head, lean: bool, offloading: bool) -> dict:
+    """A micro-batch's loss and gradients again on the current weights, with the levers as given: `offloads` are the
+    run's `LayerInputOffload` objects (their hooks come off without offloading), `trl_head` TRL's own LM-head
+    function (run instead of the lean one without `lean`). Leaves no gradients behind."""
+    import torch
+
+    from grpo_cli import trl_private
+    from grpo_cli.train import health
+
+    if not offloading:
+        for o in offloads:
+            o.remove()
+    previous = trl_private.chunked_logprob()
+    if not lean:
+        trl_private.use_chunked_logprob(trl_head)
+    try:
+        model.zero_grad(set_to_none=True)
+        with trainer.compute_loss_context_manager():
+            loss = loss_of(model, inputs)
+        trainer.accelerator.backward(loss)
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        norm = float(torch.nn.utils.get_total_norm(grads)) if grads else None
+        where = health.nonfinite_gradients(health.gradient_flags(model))
+        return {"loss": finite_or_none(float(loss.detach())), "grad_norm": finite_or_none(norm), "gradients": where}
+    finally:
+        trl_private.use_chunked_logprob(previous)
+        if not offloading:
+            for o in offloads:  # the hooks back on, as the run had them
+                o.__init__(model, o.min_bytes)
+        model.zero_grad(set_to_none=True)
+
+
+def replay_variants(lean: bool, offloading: bool) -> list[tuple[str, bool, bool]]:
+    """(name, lean, offloading) of each replay: twice as the run has the levers (a non-finite value that comes back
+    is a property of the weights and the batch; one that does not came from the run's timing or memory), then with
+    each lever the run has off, then with both off."""
+    variants = [("as run", lean, offloading), ("as run, again", lean, offloading)]
+    if offloading:
+        variants.append(("no offloading", lean, False))
+    if lean:
+        variants.append(("TRL LM head", False, offloading))
+    if lean and offloading:
+        variants.append(("neither", False, False))
+    return variants
 
 
 def child(args) -> None:
@@ -109,31 +160,6 @@ def child(args) -> None:
     GRPOTrainer._get_per_token_logps_and_entropies = logps_and_entropies
     GRPOTrainer._compute_loss = loss_of
 
-    def replay(trainer, model, lean: bool, offloading: bool) -> dict:
-        """The last micro-batch's loss and gradients again on the current weights, with the levers as given."""
-        hooks = [h for o in offloads for h in o._handles]
-        if not offloading:
-            for o in offloads:
-                o.remove()
-        previous = trl_private.chunked_logprob()
-        if not lean:
-            trl_private.use_chunked_logprob(trl_head)
-        try:
-            model.zero_grad(set_to_none=True)
-            with trainer.compute_loss_context_manager():
-                loss = compute_loss(trainer, model, seen["inputs"])
-            trainer.accelerator.backward(loss)
-            grads = [p.grad for p in model.parameters() if p.grad is not None]
-            norm = float(torch.nn.utils.get_total_norm(grads)) if grads else None
-            return {"loss": float(loss.detach()), "grad_norm": norm}
-        finally:
-            trl_private.use_chunked_logprob(previous)
-            if not offloading:
-                for o in offloads:  # the hooks back on, as the run had them
-                    o.__init__(model, o.min_bytes)
-            del hooks
-            model.zero_grad(set_to_none=True)
-
     class Diagnose(TrainerCallback):
         trainer = None
         diagnosed = None  # what the first micro-batch with non-finite gradients showed
@@ -150,13 +176,13 @@ def child(args) -> None:
             with open(record, "a") as out:  # before the replays, so a replay that never returns still shows
                 out.write(json.dumps({"diagnosing": trainer.state.global_step + 1, **found}) + "\n")
             lean = trl_private.chunked_logprob() is not trl_head
-            variants = [("as run", lean, bool(offloads)), ("no offloading", lean, False)]
-            if lean:
-                variants += [("TRL LM head", False, bool(offloads)), ("neither", False, False)]
             found["replays"] = {}
-            for name, use_lean, use_offload in variants:
+            for name, use_lean, use_offload in replay_variants(lean, bool(offloads)):
                 try:
-                    found["replays"][name] = replay(trainer, model, use_lean, use_offload)
+                    found["replays"][name] = replay_batch(
+                        trainer, model, seen["inputs"], lambda m, i: compute_loss(trainer, m, i), offloads,
+                        trl_head, use_lean, use_offload,
+                    )
                 except Exception as err:  # noqa: BLE001 - a failed replay is a finding too
                     found["replays"][name] = {"error": f"{type(err).__name__}: {err}"}
             trainer.step_guard.note(
@@ -228,10 +254,97 @@ def child(args) -> None:
 
 
 STALL_FILE_ENV = "STABILITY_STALL_FILE"
-# Loaded through PYTHONPATH in a --plain run: every thread's stack on SIGUSR1.
-_SITECUSTOMIZE = f"""import faulthandler, os, signal
+REPLAY_FILE_ENV = "STABILITY_REPLAY_FILE"
+REPLAYS_PER_RUN = 3  # bad steps replayed per run (a replay takes about what a step's forward/backward takes)
+# Loaded through PYTHONPATH in a --plain run: every thread's stack on SIGUSR1, and the replays of bad steps.
+_SITECUSTOMIZE = f"""import faulthandler, os, signal, sys
 faulthandler.register(signal.SIGUSR1, file=open(os.environ["{STALL_FILE_ENV}"], "a"), all_threads=True)
+if os.environ.get("{REPLAY_FILE_ENV}"):
+    sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+    import stability
+    stability.replay_bad_steps(os.environ["{REPLAY_FILE_ENV}"])
 """
+
+
+def replay_bad_steps(record: str) -> None:
+    """In a --plain run: once `grpo_cli.train.rl` is imported, make the step guard replay the first
+    `REPLAYS_PER_RUN` steps whose gradients it finds non-finite (`replay_variants`, on the same weights and
+    micro-batch, before the next step) and append what each replay gave to `record`, one JSON line per step.
+
+    A healthy step is as the command runs it: no host read, no copy; the micro-batch's inputs are kept by reference
+    until the next micro-batch's loss (with one micro-batch per step, as in `RECIPE_OVERRIDES`, that is the step's
+    whole batch)."""
+    import importlib.abc
+    import importlib.util
+
+    def patch(rl_module) -> None:
+        from trl import GRPOTrainer
+
+        from grpo_cli import trl_private
+        from grpo_cli.train import health
+
+        offloads: list = []
+        seen: dict = {}
+        trl_head = trl_private.chunked_logprob()
+
+        class Offload(rl_module.LayerInputOffload):
+            def __init__(self, *a, **k):
+                super().__init__(*a, **k)
+                if self not in offloads:
+                    offloads.append(self)
+
+        rl_module.LayerInputOffload = Offload
+        compute_loss = GRPOTrainer.compute_loss
+
+        def keeping_inputs(self, model, inputs, *a, **k):
+            seen["inputs"] = inputs
+            return compute_loss(self, model, inputs, *a, **k)
+
+        GRPOTrainer.compute_loss = keeping_inputs
+        on_pre_optimizer_step = health.StepGuard.on_pre_optimizer_step
+
+        def then_replay(self, args, state, control, model=None, **kwargs):
+            result = on_pre_optimizer_step(self, args, state, control, model=model, **kwargs)
+            bad = self._this_step
+            if bad is None or "gradient norm" not in bad.what or seen.get("replayed", 0) >= REPLAYS_PER_RUN:
+                return result
+            seen["replayed"] = seen.get("replayed", 0) + 1
+            trainer = self.trainer
+            found = {"replaying": bad.step, "gradients": bad.gradients}
+            with open(record, "a") as out:  # before the replays, so a replay that never returns still shows
+                out.write(json.dumps(found) + "\n")
+            lean = trl_private.chunked_logprob() is not trl_head
+            replays = {}
+            for name, use_lean, use_offload in replay_variants(lean, bool(offloads)):
+                try:
+                    replays[name] = replay_batch(
+                        trainer, trainer.model_wrapped, seen["inputs"], lambda m, i: compute_loss(trainer, m, i),
+                        offloads, trl_head, use_lean, use_offload,
+                    )
+                except Exception as err:  # noqa: BLE001 - a failed replay is a finding too
+                    replays[name] = {"error": f"{type(err).__name__}: {err}"}
+            with open(record, "a") as out:
+                out.write(json.dumps({"step": bad.step, "gradients": bad.gradients, "replays": replays}) + "\n")
+            return result
+
+        health.StepGuard.on_pre_optimizer_step = then_replay
+
+    class AfterImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "grpo_cli.train.rl":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            run_module = spec.loader.exec_module
+
+            def run_then_patch(module):
+                run_module(module)
+                patch(module)
+
+            spec.loader.exec_module = run_then_patch
+            return spec
+
+    sys.meta_path.insert(0, AfterImport())
 
 
 def stacks_on_sigusr1(path: Path) -> None:
@@ -357,6 +470,7 @@ def main() -> None:
             command = plain_command(args, seed, run_dir)
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
             env[STALL_FILE_ENV] = str(stall_path)
+            env[REPLAY_FILE_ENV] = str(record)
         else:
             command = [
                 sys.executable,
@@ -415,6 +529,8 @@ def main() -> None:
     for entry in procs.values():
         log_text = entry["log"].read_text(errors="replace")
         found = plain_result(entry["run_dir"], log_text) if args.plain else patched_result(entry["record"])
+        if args.plain and entry["record"].exists():
+            found["replays"] = [json.loads(line) for line in entry["record"].read_text().splitlines()]
         if entry["stalled"]:
             found["status"] = "stalled"
             for key, path in (("stacks", entry["run_dir"] / "stall-stacks.txt"), ("sigusr1_stacks", entry["stall"])):
@@ -438,6 +554,8 @@ def main() -> None:
             f"seed {run_['seed']}: {run_['steps_done']} steps, non-finite at {run_['non_finite_steps'][:10]}, "
             f"{str(run_['status'])[:300]}"
         )
+        for replayed in run_.get("replays", []):
+            print(json.dumps(replayed))
         if run_.get("first_non_finite"):
             print(json.dumps({k: v for k, v in run_["first_non_finite"].items() if k != "micro"}, indent=1))
         if run_["stalled"]:
