@@ -63,10 +63,13 @@ def finite_or_none(value):
     return value if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def replay_batch(trainer, model, inputs, loss_of, offloads: list, trl_head, lean: bool, offloading: bool) -> dict:
+def replay_batch(
+    trainer, model, inputs, loss_of, offloads: list, trl_head, lean: bool, offloading: bool, **switches
+) -> dict:
     """A micro-batch's loss and gradients again on the current weights, with the levers as given: `offloads` are the
     run's `LayerInputOffload` objects (their hooks come off without offloading), `trl_head` TRL's own LM-head
-    function (run instead of the lean one without `lean`). Leaves no gradients behind."""
+    function (run instead of the lean one without `lean`); `switches` as `AttentionProbe` takes them (`attention`,
+    `rope`), and `probe` to record where in the attention a non-finite gradient arises. Leaves no gradients behind."""
     import torch
 
     from grpo_cli import trl_private
@@ -78,16 +81,33 @@ def replay_batch(trainer, model, inputs, loss_of, offloads: list, trl_head, lean
     previous = trl_private.chunked_logprob()
     if not lean:
         trl_private.use_chunked_logprob(trl_head)
+    probe = AttentionProbe(
+        model, switches.get("attention"), switches.get("rope", "as run"), switches.get("probe"), switches.get("save")
+    )
     try:
         model.zero_grad(set_to_none=True)
-        with trainer.compute_loss_context_manager():
+        with probe, trainer.compute_loss_context_manager():
+            probe.recording = True
             loss = loss_of(model, inputs)
-        trainer.accelerator.backward(loss)
+            probe.recording = False
+            trainer.accelerator.backward(loss)
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         norm = float(torch.nn.utils.get_total_norm(grads)) if grads else None
-        where = health.nonfinite_gradients(health.gradient_flags(model))
-        return {"loss": finite_or_none(float(loss.detach())), "grad_norm": finite_or_none(norm), "gradients": where}
+        flags = health.gradient_flags(model)
+        found = {
+            "loss": finite_or_none(float(loss.detach())),
+            "grad_norm": finite_or_none(norm),
+            "gradients": health.nonfinite_gradients(flags),
+        }
+        if found["gradients"] and flags is not None:  # the few finite ones say where in the top layer it arose
+            names, finite = flags
+            kept = [name for name, ok in zip(names, finite.tolist()) if ok]
+            found["finite_gradients"] = kept if len(kept) <= 32 else len(kept)
+        if probe.probing:
+            found["attention"] = probe.findings()
+        return found
     finally:
+        probe.calls.clear()
         trl_private.use_chunked_logprob(previous)
         if not offloading:
             for o in offloads:  # the hooks back on, as the run had them
@@ -95,18 +115,200 @@ def replay_batch(trainer, model, inputs, loss_of, offloads: list, trl_head, lean
         model.zero_grad(set_to_none=True)
 
 
-def replay_variants(lean: bool, offloading: bool) -> list[tuple[str, bool, bool]]:
-    """(name, lean, offloading) of each replay: twice as the run has the levers (a non-finite value that comes back
-    is a property of the weights and the batch; one that does not came from the run's timing or memory), then with
-    each lever the run has off, then with both off."""
-    variants = [("as run", lean, offloading), ("as run, again", lean, offloading)]
-    if offloading:
-        variants.append(("no offloading", lean, False))
-    if lean:
-        variants.append(("TRL LM head", False, offloading))
-    if lean and offloading:
-        variants.append(("neither", False, False))
-    return variants
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return __import__("torch").cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def reference_rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    """Rotary embeddings in plain torch (the textbook rotation), for a replay without liger-kernel's rotary kernel."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+ATTENTION_BACKENDS = ("math", "efficient", "cudnn")
+
+
+class AttentionProbe:
+    """For one replay: how `torch.nn.functional.scaled_dot_product_attention` runs (`attention`: None as the run
+    chose, a backend of `ATTENTION_BACKENDS`, or "float32": query, key and value upcast), how the rotary embedding
+    runs (`rope`: "as run", or "reference": `reference_rope` in the model's module instead of what liger-kernel put
+    there), and with `probe` every call of the forward pass kept with hooks on its query, key, value and output
+    gradients, to find the call where a non-finite gradient first arises in the backward pass (the highest layer
+    whose input gradients are not finite while its output gradient is) and re-run that call alone on each backend.
+    `save`: a path for that call's tensors (the sequences with non-finite values), to reproduce it elsewhere."""
+
+    def __init__(self, model, attention=None, rope="as run", probe=False, save=None):
+        self.model, self.attention, self.rope, self.probing, self.save = model, attention, rope, bool(probe), save
+        self.calls: list[dict] = []
+        self.recording = False
+        self._restore: list = []
+
+    def __enter__(self):
+        import torch.nn.functional as F
+
+        self._restore.append((F, "scaled_dot_product_attention", F.scaled_dot_product_attention))
+        self.original = F.scaled_dot_product_attention
+        F.scaled_dot_product_attention = self.sdpa
+        if self.rope == "reference":
+            module = sys.modules[type(unwrapped(self.model)).__module__]
+            self._restore.append((module, "apply_rotary_pos_emb", module.apply_rotary_pos_emb))
+            module.apply_rotary_pos_emb = reference_rope
+        return self
+
+    def __exit__(self, *exc):
+        while self._restore:
+            owner, name, value = self._restore.pop()
+            setattr(owner, name, value)
+
+    def run(self, how, query, key, value, attn_mask=None, **kwargs):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        if how == "float32":
+            return self.original(query.float(), key.float(), value.float(), attn_mask, **kwargs).to(query.dtype)
+        if how in ATTENTION_BACKENDS:
+            backend = {
+                "math": SDPBackend.MATH,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "cudnn": SDPBackend.CUDNN_ATTENTION,
+            }[how]
+            with sdpa_kernel([backend]):
+                return self.original(query, key, value, attn_mask, **kwargs)
+        return self.original(query, key, value, attn_mask, **kwargs)
+
+    def sdpa(self, query, key, value, attn_mask=None, **kwargs):
+        out = self.run(self.attention, query, key, value, attn_mask, **kwargs)
+        if self.probing and self.recording and query.requires_grad:
+            call = {"inputs": (query.detach(), key.detach(), value.detach(), attn_mask, kwargs), "grads": {}}
+            self.calls.append(call)
+            for name, tensor in (("query", query), ("key", key), ("value", value), ("output", out)):
+                if tensor.requires_grad:
+                    tensor.register_hook(lambda grad, name=name, call=call: call["grads"].__setitem__(name, grad))
+        return out
+
+    def findings(self) -> dict:
+        """Per call (layer order): which gradients were finite; at the call where a non-finite one arose, where it
+        is, what the mask lets those query rows see, and what each backend gives on that call alone."""
+        import torch
+
+        flags = [{name: bool(torch.isfinite(g).all()) for name, g in call["grads"].items()} for call in self.calls]
+        origin = next(
+            (
+                i
+                for i in reversed(range(len(self.calls)))
+                if flags[i].get("output", True) and not all(ok for name, ok in flags[i].items() if name != "output")
+            ),
+            None,
+        )
+        found: dict = {
+            "calls": len(self.calls),
+            "non_finite_input_gradients_at": [
+                i for i, f in enumerate(flags) if not all(ok for n, ok in f.items() if n != "output")
+            ],
+            "non_finite_output_gradients_at": [i for i, f in enumerate(flags) if not f.get("output", True)],
+            "origin": origin,
+        }
+        if origin is None:
+            return found  # the attention's gradients were finite where the others were not: it arose outside it
+        call = self.calls[origin]
+        query, key, value, mask, kwargs = call["inputs"]
+        found["origin_flags"] = flags[origin]
+        found["shapes"] = {
+            "query": list(query.shape),
+            "key": list(key.shape),
+            "mask": None if mask is None else [list(mask.shape), str(mask.dtype)],
+            "kwargs": {k: str(v) for k, v in kwargs.items()},
+        }
+        bad = {name: ~torch.isfinite(g) for name, g in call["grads"].items() if name != "output"}
+        rows = sorted({int(b) for m in bad.values() for b in m.nonzero()[:, 0].unique().tolist()})
+        found["sequences"] = rows[:16]
+        found["non_finite_elements"] = {name: int(m.sum()) for name, m in bad.items()}
+        if "query" in bad and bad["query"].any():
+            at = bad["query"].any(dim=-1).nonzero()[:8].tolist()  # (sequence, head, position) of bad query rows
+            found["query_rows"] = at
+            if mask is not None:
+                seen_keys = []
+                for b, h, t in at:
+                    row = mask[b if mask.shape[0] > 1 else 0, h if mask.shape[1] > 1 else 0, t]
+                    seen_keys.append(int(row.sum()) if row.dtype == torch.bool else int(torch.isfinite(row).sum()))
+                found["keys_visible_to_those_rows"] = seen_keys
+            scale = kwargs.get("scale") or query.shape[-1] ** -0.5
+            b, h, t = at[0]
+            scores = (query[b, h, t].float() @ key[b, h].float().T) * scale
+            found["first_row_scores"] = {"max": float(scores.max()), "min": float(scores.min())}
+        if "output" in call["grads"]:
+            found["output_gradient_abs_max"] = float(call["grads"]["output"].abs().max())
+        pick = rows[:1]
+        if pick:
+            found["alone"] = self.alone(query, key, value, mask, kwargs, call["grads"].get("output"), pick)
+        return found
+
+    def alone(self, query, key, value, mask, kwargs, grad_out, rows: list[int]) -> dict:
+        """The origin call's sequences `rows` through SDPA alone, as run and on each backend (and in float32):
+        which of the query, key and value gradients come out non-finite. Saved to `self.save` when set."""
+        import torch
+
+        index = torch.tensor(rows, device=query.device)
+        part = [t.index_select(0, index) for t in (query, key, value)]
+        part_mask = mask.index_select(0, index) if mask is not None and mask.shape[0] > 1 else mask
+        part_grad = grad_out.index_select(0, index) if grad_out is not None else torch.ones_like(part[0])
+        if self.save:
+            tensors = dict(zip(("query", "key", "value"), (t.cpu() for t in part)))
+            tensors["mask"] = None if part_mask is None else part_mask.cpu()
+            torch.save({**tensors, "grad_output": part_grad.cpu(), "kwargs": kwargs, "sequences": rows}, self.save)
+        results = {}
+        for how in (self.attention, *ATTENTION_BACKENDS, "float32"):
+            leaves = [t.clone().requires_grad_(True) for t in part]
+            try:
+                out = self.run(how, *leaves, part_mask, **kwargs)
+                out.backward(part_grad.to(out.dtype))
+                results[how or "as run"] = {
+                    "output_finite": bool(torch.isfinite(out).all()),
+                    **{n: bool(torch.isfinite(t.grad).all()) for n, t in zip(("query", "key", "value"), leaves)},
+                }
+            except Exception as err:  # noqa: BLE001 - a backend that refuses these inputs is a finding too
+                results[how or "as run"] = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
+        return results
+
+
+def unwrapped(model):
+    """The model under a PEFT or DDP wrapper: the class whose module holds its rotary function."""
+    while hasattr(model, "module"):
+        model = model.module
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
+    return model
+
+
+def replay_all(trainer, model, inputs, loss_of, offloads: list, trl_head, save: Path | None) -> dict:
+    """Every replay of `replay_variants` of one micro-batch: name -> what it gave (or the error it raised). The
+    probed replay saves its attention call's tensors to `save` when given."""
+    from grpo_cli import trl_private
+
+    lean = trl_private.chunked_logprob() is not trl_head
+    replays = {}
+    for name, settings in replay_variants(lean, bool(offloads)):
+        if settings.get("probe") and save is not None:
+            settings = {**settings, "save": str(save)}
+        try:
+            replays[name] = replay_batch(trainer, model, inputs, loss_of, offloads, trl_head, **settings)
+        except Exception as err:  # noqa: BLE001 - a failed replay is a finding too
+            replays[name] = {"error": f"{type(err).__name__}: {err}"}
+    return replays
+
+
+def replay_variants(lean: bool, offloading: bool) -> list[tuple[str, dict]]:
+    """(name, settings) of each replay (`replay_batch`'s levers): first as the run has them, probing where in the
+    attention the non-finite gradient arises, then again (a non-finite value that comes back is a property of the
+    weights and the batch; one that does not came from the run's timing or memory), then the attention on other
+    terms: each SDPA backend, in float32, and the rotary embedding in plain torch."""
+    run = {"lean": lean, "offloading": offloading}
+    return [
+        ("as run, probed", {**run, "probe": True}),
+        ("as run, again", run),
+        *((f"attention {how}", {**run, "attention": how}) for how in (*ATTENTION_BACKENDS, "float32")),
+        ("reference rotary", {**run, "rope": "reference"}),
+    ]
 
 
 def child(args) -> None:
@@ -175,16 +377,10 @@ def child(args) -> None:
             found = {"bad_grads": {"count": len(bad), "of": len(grads), "first": bad[:8], "last": bad[-4:]}}
             with open(record, "a") as out:  # before the replays, so a replay that never returns still shows
                 out.write(json.dumps({"diagnosing": trainer.state.global_step + 1, **found}) + "\n")
-            lean = trl_private.chunked_logprob() is not trl_head
-            found["replays"] = {}
-            for name, use_lean, use_offload in replay_variants(lean, bool(offloads)):
-                try:
-                    found["replays"][name] = replay_batch(
-                        trainer, model, seen["inputs"], lambda m, i: compute_loss(trainer, m, i), offloads,
-                        trl_head, use_lean, use_offload,
-                    )
-                except Exception as err:  # noqa: BLE001 - a failed replay is a finding too
-                    found["replays"][name] = {"error": f"{type(err).__name__}: {err}"}
+            found["replays"] = replay_all(
+                trainer, model, seen["inputs"], lambda m, i: compute_loss(trainer, m, i), offloads, trl_head,
+                record.with_suffix(".attention.pt"),
+            )
             trainer.step_guard.note(
                 "gradient norm"
             )  # the replays left their own gradients: skip the step anyway
@@ -313,16 +509,11 @@ def replay_bad_steps(record: str) -> None:
             found = {"replaying": bad.step, "gradients": bad.gradients}
             with open(record, "a") as out:  # before the replays, so a replay that never returns still shows
                 out.write(json.dumps(found) + "\n")
-            lean = trl_private.chunked_logprob() is not trl_head
-            replays = {}
-            for name, use_lean, use_offload in replay_variants(lean, bool(offloads)):
-                try:
-                    replays[name] = replay_batch(
-                        trainer, trainer.model_wrapped, seen["inputs"], lambda m, i: compute_loss(trainer, m, i),
-                        offloads, trl_head, use_lean, use_offload,
-                    )
-                except Exception as err:  # noqa: BLE001 - a failed replay is a finding too
-                    replays[name] = {"error": f"{type(err).__name__}: {err}"}
+            save = Path(record).with_suffix(".attention.pt")
+            replays = replay_all(
+                trainer, trainer.model_wrapped, seen["inputs"], lambda m, i: compute_loss(trainer, m, i), offloads,
+                trl_head, None if save.exists() else save,
+            )
             with open(record, "a") as out:
                 out.write(json.dumps({"step": bad.step, "gradients": bad.gradients, "replays": replays}) + "\n")
             return result
