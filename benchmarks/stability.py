@@ -131,7 +131,8 @@ ATTENTION_BACKENDS = ("math", "efficient", "cudnn")
 
 class AttentionProbe:
     """For one replay: how `torch.nn.functional.scaled_dot_product_attention` runs (`attention`: None as the run
-    chose, a backend of `ATTENTION_BACKENDS`, or "float32": query, key and value upcast), how the rotary embedding
+    chose, a backend of `ATTENTION_BACKENDS`, "float32": query, key and value upcast, or "eager": transformers'
+    attention without SDPA), how the rotary embedding
     runs (`rope`: "as run", or "reference": `reference_rope` in the model's module instead of what liger-kernel put
     there), and with `probe` every call of the forward pass kept with hooks on its query, key, value and output
     gradients, to find the call where a non-finite gradient first arises in the backward pass (the highest layer
@@ -150,6 +151,10 @@ class AttentionProbe:
         self._restore.append((F, "scaled_dot_product_attention", F.scaled_dot_product_attention))
         self.original = F.scaled_dot_product_attention
         F.scaled_dot_product_attention = self.sdpa
+        if self.attention == "eager":  # transformers' own attention (float32 softmax), read at every forward
+            config = unwrapped(self.model).config
+            self._restore.append((config, "_attn_implementation", config._attn_implementation))
+            config._attn_implementation = "eager"
         if self.rope == "reference":
             module = sys.modules[type(unwrapped(self.model)).__module__]
             self._restore.append((module, "apply_rotary_pos_emb", module.apply_rotary_pos_emb))
@@ -183,8 +188,14 @@ class AttentionProbe:
             self.calls.append(call)
             for name, tensor in (("query", query), ("key", key), ("value", value), ("output", out)):
                 if tensor.requires_grad:
-                    tensor.register_hook(lambda grad, name=name, call=call: call["grads"].__setitem__(name, grad))
+                    tensor.register_hook(lambda grad, name=name, call=call: self.keep(call, name, grad))
         return out
+
+    @staticmethod
+    def keep(call: dict, name: str, grad) -> None:
+        """A gradient as it reaches the call, copied: the next backward function may work in it in place (liger's
+        rotary kernel does, where the layout lets it)."""
+        call["grads"][name] = grad.detach().clone()
 
     def findings(self) -> dict:
         """Per call (layer order): which gradients were finite; at the call where a non-finite one arose, where it
@@ -306,7 +317,7 @@ def replay_variants(lean: bool, offloading: bool) -> list[tuple[str, dict]]:
     return [
         ("as run, probed", {**run, "probe": True}),
         ("as run, again", run),
-        *((f"attention {how}", {**run, "attention": how}) for how in (*ATTENTION_BACKENDS, "float32")),
+        *((f"attention {how}", {**run, "attention": how}) for how in (*ATTENTION_BACKENDS, "float32", "eager")),
         ("reference rotary", {**run, "rope": "reference"}),
     ]
 
