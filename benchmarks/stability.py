@@ -474,7 +474,7 @@ if os.environ.get("{REPLAY_FILE_ENV}"):
 
 
 def replay_bad_steps(record: str) -> None:
-    """In a --plain run: once `grpo_cli.train.rl` is imported, make the step guard replay the first
+    """In a --plain run: once `grpo_cli.train.rl` is imported (at once if it is), make the step guard replay the first
     `REPLAYS_PER_RUN` steps whose gradients it finds non-finite (`replay_variants`, on the same weights and
     micro-batch, before the next step) and append what each replay gave to `record`, one JSON line per step.
 
@@ -546,7 +546,10 @@ def replay_bad_steps(record: str) -> None:
             spec.loader.exec_module = run_then_patch
             return spec
 
-    sys.meta_path.insert(0, AfterImport())
+    if "grpo_cli.train.rl" in sys.modules:
+        patch(sys.modules["grpo_cli.train.rl"])
+    else:
+        sys.meta_path.insert(0, AfterImport())
 
 
 def stacks_on_sigusr1(path: Path) -> None:

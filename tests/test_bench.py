@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from test_train import tiny_run_keys
 
 from grpo_cli.recipe import load_recipe
 
@@ -479,3 +480,76 @@ def test_rollouts_leave_no_gpu_memory_behind():
     torch.cuda.synchronize()
     assert not rollout._GRAPHS_BROKEN and model in rollout._GRAPHS_CHECKED  # the first replay checked, once
     assert torch.cuda.memory_allocated() <= before
+
+
+# A stand-in for an attention backward that makes dQ NaN: run as `python -c` with the `grpo` command's arguments.
+NAN_QUERY_GRADIENTS = """
+import sys, torch
+import torch.nn.functional as F
+
+class NaNGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * torch.nan
+
+sdpa = F.scaled_dot_product_attention
+F.scaled_dot_product_attention = lambda q, k, v, *a, **kw: sdpa(NaNGradient.apply(q) if q.requires_grad else q, k, v, *a, **kw)
+from grpo_cli.cli import main
+sys.argv = ["grpo", *sys.argv[1:]]
+main()
+"""
+
+
+def test_stabilitys_plain_run_replays_a_bad_step_and_names_the_attention_call(tmp_path, tiny_model_dir):
+    """`stability.py --plain` as a plain run gets it (its sitecustomize), on a tiny run whose attention backward
+    makes dQ NaN at every step: the guard stops the run after three bad steps, each replayed on the same batch, the
+    probe names the top layer's call and its query gradient, the NaN comes back as run and with the rotary embedding
+    in plain torch, and transformers' eager attention (no SDPA) gives finite gradients."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    from benchmarks import stability
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(stability._SITECUSTOMIZE)
+    record = tmp_path / "run.jsonl"
+    recipe = tmp_path / "rl.yaml"
+    recipe.write_text(
+        tiny_run_keys(tiny_model_dir, tmp_path / "out", max_steps=4, save_steps=10)
+        + "reward_funcs: [countdown_format]\nnum_generations: 4\nmax_completion_length: 12\n"
+        + "attn_implementation: sdpa\nuse_cpu: true\nbf16: false\nswanlab: false\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]),
+        stability.STALL_FILE_ENV: str(tmp_path / "stall.txt"),
+        stability.REPLAY_FILE_ENV: str(record),
+    }
+    command = [sys.executable, "-c", NAN_QUERY_GRADIENTS, "rl", "-c", str(recipe), "--no-resume", "--overwrite"]
+    proc = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    replayed = [line for line in lines if "replays" in line]
+    assert [line["step"] for line in replayed] == [1, 2, 3]
+    for line in replayed:
+        replays = line["replays"]
+        probed = replays["as run, probed"]
+        assert probed["gradients"] == line["gradients"]  # the same NaN again, on the same weights and batch
+        attention = probed["attention"]
+        assert attention["calls"] == 2 and attention["origin"] == 1  # the top layer's call, the first backward reaches
+        assert attention["origin_flags"] == {"output": True, "query": False, "key": True, "value": True}
+        assert attention["alone"]["math"] == {"output_finite": True, "query": False, "key": True, "value": True}
+        assert "model.layers.1.self_attn.k_proj.weight" in probed["finite_gradients"]
+        assert replays["as run, again"]["gradients"] == line["gradients"]
+        assert replays["reference rotary"]["gradients"] == line["gradients"]
+        assert replays["attention eager"]["gradients"] is None and replays["attention eager"]["grad_norm"] is not None
+    saved = torch.load(record.with_suffix(".attention.pt"), weights_only=False)
+    assert saved["query"].shape[0] == 1 and saved["sequences"] == [0]
