@@ -96,6 +96,13 @@ class RewardArguments:
             "help": "Seconds per completion one reward may spend on a batch before the batch gets the failure value."
         },
     )
+    overlong_buffer: int | None = field(
+        default=None,
+        metadata={
+            "help": "The `overlong_penalty` reward's ramp: 0 up to max_completion_length minus this many tokens, "
+            "falling to -1 at the limit. Default: a fifth of max_completion_length."
+        },
+    )
 
 
 @dataclass

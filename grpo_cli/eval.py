@@ -129,13 +129,18 @@ def summarize(
 # ------------------------------------------------------------------------------------------------ scoring
 
 
-def score_completions(task, reward_funcs: list, rows: list[dict], completions: list[str]) -> list[dict]:
-    """Rewards, format and correctness of completions[i] for rows[i] (each row holds its "prompt" messages)."""
+def score_completions(
+    task, reward_funcs: list, rows: list[dict], completions: list[str], lengths: list[int] | None = None
+) -> list[dict]:
+    """Rewards, format and correctness of completions[i] for rows[i] (each row holds its "prompt" messages);
+    `lengths`: their token counts, for rewards that read them (`completion_lengths`)."""
     from grpo_cli.tasks import as_chats, completion_text
 
     prompts = [row["prompt"] for row in rows]
     chats = as_chats(completions)
     columns = {key: [row[key] for row in rows] for key in rows[0] if key != "prompt"} if rows else {}
+    if lengths is not None:
+        columns["completion_lengths"] = list(lengths)
     rewards: dict[str, list] = {}
     for func in reward_funcs:
         values = func(prompts=prompts, completions=chats, **columns)
@@ -488,7 +493,9 @@ def evaluate_model(
     groups, engine = generate(spec, model_args, tokenizer, prompt_ids, settings, advance)
     flat_rows = [rows[i] for i, group in zip(kept, groups) for _ in group]
     flat = [completion for group in groups for completion in group]
-    scored = score_completions(task, reward_funcs, flat_rows, [text for text, _ in flat])
+    scored = score_completions(
+        task, reward_funcs, flat_rows, [text for text, _ in flat], [length for _, length in flat]
+    )
     samples = []
     position = 0
     for i, text_prompt, group in zip(kept, texts, groups):

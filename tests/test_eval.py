@@ -96,6 +96,19 @@ def test_score_completions_with_the_task_and_its_rewards():
     ]
 
 
+def test_eval_scores_length_rewards_from_the_completions_token_counts():
+    from grpo_cli.rewards import build_reward_funcs
+    from grpo_cli.tasks import get_task
+
+    task = get_task("countdown")
+    row = {**ROWS[0], "prompt": task.prompt(ROWS[0])}
+    funcs = build_reward_funcs(["overlong_penalty"], 2.0, params={"max_completion_length": 64, "overlong_buffer": 16})
+    scored = score_completions(task, funcs, [row] * 3, [" a", " b", " c"], [10, 56, 64])
+    assert [s["rewards"]["overlong_penalty"] for s in scored] == [0.0, -0.5, -1.0]
+    unscored = score_completions(task, funcs, [row], [" a"])  # no token counts: the reward does not apply
+    assert unscored[0]["rewards"]["overlong_penalty"] is None
+
+
 # ------------------------------------------------------------------------------------------- model specs
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from grpo_cli.errors import UserError
 from grpo_cli.rewards import REWARDS
 from grpo_cli.rewards.countdown import countdown_equation, countdown_format
 from grpo_cli.rewards.dapo_math import (
@@ -412,7 +413,9 @@ def test_first_number_reads_thousands_separators_as_one_number():
 
 
 def test_every_builtin_reward_has_a_range_a_doc_and_a_task():
+    """...a task, except the length shaping, which reads token counts and suits any task."""
     assert set(REWARDS) >= {
+        "overlong_penalty",
         "countdown_format",
         "countdown_equation",
         "gsm8k_correctness",
@@ -432,7 +435,7 @@ def test_every_builtin_reward_has_a_range_a_doc_and_a_task():
                 and spec.high is not None
                 and spec.low < spec.high
                 and spec.doc
-                and spec.task
+                and (spec.task or spec.name == "overlong_penalty")
             )
             assert spec.low <= spec.failure <= spec.high
 
@@ -879,3 +882,54 @@ def test_a_worker_says_when_a_comparison_is_undecided(monkeypatch):
         answers.forget_outcomes()
     assert outcomes == {SLOW_PAIR: None, **dict.fromkeys(halves(1, 5), True)}
     assert pool.hangs == 0 and pool.crashes == 0
+
+
+# ------------------------------------------------------------------------------------------------ length shaping
+
+
+def test_overlong_penalty_ramps_down_over_the_last_tokens_before_the_limit():
+    from grpo_cli.rewards.length import overlong_penalty
+
+    lengths = [10, 80, 81, 90, 100]
+    texts = ["x"] * len(lengths)
+    ramp = overlong_penalty(completions=texts, completion_lengths=lengths, max_completion_length=100, overlong_buffer=20)
+    assert ramp == [0.0, 0.0, -0.05, -0.5, -1.0]
+    # TRL's token ids count the same; unset, the buffer is a fifth of the limit
+    ids = [[1] * n for n in lengths]
+    assert overlong_penalty(completions=texts, completion_ids=ids, max_completion_length=100, overlong_buffer=20) == ramp
+    assert overlong_penalty(completions=texts, completion_ids=ids, max_completion_length=100) == ramp
+    # texts alone (no counts) or no limit: nothing to say
+    assert overlong_penalty(completions=texts, max_completion_length=100) == [None] * 5
+    assert overlong_penalty(completions=texts, completion_lengths=lengths) == [None] * 5
+
+
+def test_a_reward_gets_the_recipe_keys_it_reads(tmp_path):
+    from grpo_cli.recipe import load_recipe, reward_funcs
+
+    recipe = load_recipe(None, ["--reward_funcs", "overlong_penalty", "--max_completion_length", "10",
+                                "--overlong_buffer", "4", "--output_dir", str(tmp_path)], "rl")
+    (guard,) = reward_funcs(recipe)
+    assert guard(prompts=["p"] * 3, completions=["a", "b", "c"], completion_ids=[[1] * 5, [1] * 8, [1] * 10]) == [
+        0.0, -0.5, -1.0,
+    ]
+
+
+def test_overlong_buffer_past_the_length_limit_is_refused(tmp_path):
+    from grpo_cli.recipe.show import check_and_show
+
+    for value, message in (("600", "at most `max_completion_length` (512)"), ("0", "a whole number of tokens of at least 1")):
+        with pytest.raises(UserError) as err:
+            check_and_show(None, ["--max_completion_length", "512", "--overlong_buffer", value,
+                                  "--output_dir", str(tmp_path)], "rl", show=False)
+        assert any("overlong_buffer" in p and message in p for p in err.value.problems), err.value.problems
+
+
+def test_grpo_trains_with_the_overlong_penalty(tmp_path, tiny_model_dir):
+    """A real GRPO run: TRL hands the reward its completion ids, the recipe its limit; the tiny model never stops
+    before 12 tokens, so every completion is at the limit and scores -1."""
+    from test_train import recipe_file, train
+
+    out = train(recipe_file(tmp_path, tiny_model_dir, "rl"), "rl", ["--reward_funcs", "countdown_format", "overlong_penalty"])
+    logged = [e for e in json.loads((out / "train_summary.json").read_text())["log_history"] if "reward" in e]
+    assert logged and all(e["rewards/overlong_penalty/mean"] == -1.0 for e in logged)
+    assert all(e["rewards/overlong_penalty/failed_frac"] == 0.0 for e in logged)

@@ -40,7 +40,7 @@ def reward_funcs(recipe: Recipe) -> list:
     scores with (relative `file.py:function` paths from the working directory, else beside the recipe)."""
     from grpo_cli.rewards import build_reward_funcs
 
-    return build_reward_funcs(reward_names(recipe), recipe.reward.reward_timeout, recipe.folder)
+    return build_reward_funcs(reward_names(recipe), recipe.reward.reward_timeout, recipe.folder, recipe.resolved())
 
 
 def _file_problems(recipe: Recipe) -> list[Problem]:
@@ -128,6 +128,7 @@ VALUE_RULES = {
     "max_grad_norm": (_finite_at_least(0.0), "a finite number of at least 0 (0: no clipping)"),
     "temperature": (_finite_at_least(0.0, above=True), "a finite number above 0"),
     "reward_timeout": (_finite_at_least(0.0, above=True), "a number of seconds above 0"),
+    "overlong_buffer": (_int_at_least(1), "a whole number of tokens of at least 1"),
     "nonfinite_patience": (_int_at_least(0), "a whole number of at least 0 (0: never stop)"),
     "stall_timeout": (_finite_at_least(0.0), "a finite number of seconds of at least 0 (0: never)"),
     "dynamic_sampling_max_rounds": (_int_at_least(1), "a whole number of at least 1"),
@@ -147,6 +148,13 @@ def _value_problems(recipe: Recipe) -> list[Problem]:
     for key, (test, must) in VALUE_RULES.items():
         if key in recipe.values and recipe.values[key] is not None and not test(recipe.values[key]):
             problems.append(Problem(key, f"`{key}` is {recipe.values[key]!r}: it must be {must}"))
+    buffer, limit = recipe.values.get("overlong_buffer"), recipe.resolved().get("max_completion_length")
+    if _int_at_least(1)(buffer) and _int_at_least(1)(limit) and buffer > limit:
+        problems.append(Problem(
+            "overlong_buffer",
+            f"`overlong_buffer` is {buffer}: it must be at most `max_completion_length` ({limit}), the limit the "
+            "penalty ramps down to",
+        ))
     for name in recipe.env:
         if not ENV_NAME.match(name):
             problems.append(Problem(

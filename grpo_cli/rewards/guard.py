@@ -71,10 +71,13 @@ class RewardGuard:
     user's own runs in a process of its own (`isolated.RewardProcess`), which is stopped when it overruns.
     """
 
-    def __init__(self, spec: RewardSpec, timeout: float | None, reference: str | None = None):
+    def __init__(
+        self, spec: RewardSpec, timeout: float | None, reference: str | None = None, params: dict | None = None
+    ):
         self.spec = spec
         self.timeout = timeout
         self.__name__ = spec.name
+        self.params = {key: (params or {}).get(key) for key in spec.params}  # the recipe values it reads
         # `reference`: how a process of its own finds the reward (None: it runs here)
         self.process = RewardProcess(reference, spec.name) if reference else None
         self.failures = 0  # completions that got the failure value
@@ -133,6 +136,7 @@ class RewardGuard:
 
     def _run(self, prompts: list, completions: list, kwargs: dict, deadline: float | None) -> Any:
         """The reward's result for these completions, here or in its process."""
+        kwargs = {**kwargs, **self.params}
         if self.process is None:
             return settle(self.spec.func(prompts=prompts, completions=completions, **kwargs))
         return self.process.call(prompts, completions, kwargs, deadline)
@@ -237,13 +241,14 @@ class RewardGuard:
 
 
 def build_reward_funcs(
-    names: list[str], timeout: float | None, base_dir: str | None = None
+    names: list[str], timeout: float | None, base_dir: str | None = None, params: dict | None = None
 ) -> list[RewardGuard]:
-    """TRL-ready reward callables for the names (registered or user functions), each behind a RewardGuard."""
+    """TRL-ready reward callables for the names (registered or user functions), each behind a RewardGuard;
+    `params`: the recipe's values, of which each reward gets the keys its spec names."""
     from grpo_cli.rewards.registry import resolve_reward
 
     specs = [resolve_reward(name, base_dir) for name in names]
-    return [RewardGuard(spec, timeout, spec.reference) for spec in specs]
+    return [RewardGuard(spec, timeout, spec.reference, params) for spec in specs]
 
 
 def failure_counts(funcs: list[Callable]) -> dict[str, int]:

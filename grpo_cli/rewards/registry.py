@@ -27,6 +27,7 @@ class RewardSpec:
     failure: float = 0.0  # what a completion scores when the reward raises or times out on it
     doc: str = ""
     columns: tuple[str, ...] = ()  # dataset columns the reward reads
+    params: tuple[str, ...] = ()  # recipe keys the reward reads, passed to it as keyword arguments of those names
     source: str = "built-in"
     # how a process of its own imports a user's reward: an absolute file path or a module, then `:function`
     reference: str | None = None
@@ -49,10 +50,12 @@ def reward(
     failure: float | None = None,
     doc: str = "",
     columns: tuple[str, ...] = (),
+    params: tuple[str, ...] = (),
 ) -> Callable[[Callable], Callable]:
     """Decorator: register a TRL reward function `fn(prompts, completions, **kwargs) -> list[float | None]`.
 
     `failure` defaults to `low` (else 0.0): a completion that crashes or hangs the reward scores the worst.
+    `params`: recipe keys whose values the reward receives as keyword arguments (e.g. `max_completion_length`).
     """
 
     def register(func: Callable) -> Callable:
@@ -65,6 +68,7 @@ def reward(
             failure=failure if failure is not None else (low if low is not None else 0.0),
             doc=doc or (inspect.getdoc(func) or "").split("\n")[0],
             columns=tuple(columns),
+            params=tuple(params),
             source="built-in" if func.__module__.startswith("grpo_cli.") else func.__module__,
         )
         if name in REWARDS and REWARDS[name].func is not func and spec.source == "built-in":

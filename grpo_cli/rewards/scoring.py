@@ -31,9 +31,10 @@ class RewardSetup:
     weights: list[float]
     timeout: float | None = None
     base_dir: str | None = None
+    params: dict = field(default_factory=dict)  # the recipe's values, for rewards that read some (`RewardSpec.params`)
 
     def guards(self) -> list[RewardGuard]:
-        return build_reward_funcs(self.names, self.timeout, self.base_dir)
+        return build_reward_funcs(self.names, self.timeout, self.base_dir, self.params)
 
 
 def reward_setup(
@@ -42,8 +43,10 @@ def reward_setup(
     weights: list[float] | None = None,
     timeout: float | None = None,
     base_dir: str | None = None,
+    params: dict | None = None,
 ) -> RewardSetup:
-    """The setup for a task's keys and a recipe's reward_funcs / reward_weights (defaults: the task's, 1.0 each)."""
+    """The setup for a task's keys and a recipe's reward_funcs / reward_weights (defaults: the task's, 1.0 each);
+    `params`: the recipe's values (every key, defaults included), for the rewards that read some."""
     task = get_task(task_args.task)
     names = list(names or task.default_rewards)
     weights = [1.0] * len(names) if weights is None else [float(w) for w in weights]
@@ -52,7 +55,7 @@ def reward_setup(
             f"reward_weights: {len(weights)} weights for {len(names)} rewards ({', '.join(names)}) - "
             "give one weight per reward"
         )
-    return RewardSetup(task, task_args, names, weights, timeout, base_dir)
+    return RewardSetup(task, task_args, names, weights, timeout, base_dir, dict(params or {}))
 
 
 def weighted_total(values: list[float | None], weights: list[float]) -> float | None:
@@ -381,4 +384,5 @@ def setup_from_recipe(recipe: Any) -> RewardSetup:
         recipe.values.get("reward_weights"),
         recipe.reward.reward_timeout,
         recipe.folder,
+        recipe.resolved(),
     )
