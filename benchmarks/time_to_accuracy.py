@@ -185,7 +185,7 @@ def train_trl(recipe, clock) -> None:
     )
     trainer = GRPOTrainer(
         model=values["model_name_or_path"],
-        reward_funcs=[conversational(f) for f in build_reward_funcs(reward_names(recipe), 10.0)],
+        reward_funcs=[conversational(f) for f in build_reward_funcs(reward_names(recipe), 10.0, params=values)],
         args=config,
         train_dataset=prompts,
         processing_class=tokenizer,
