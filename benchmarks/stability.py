@@ -234,19 +234,30 @@ class AttentionProbe:
         rows = sorted({int(b) for m in bad.values() for b in m.nonzero()[:, 0].unique().tolist()})
         found["sequences"] = rows[:16]
         found["non_finite_elements"] = {name: int(m.sum()) for name, m in bad.items()}
-        if "query" in bad and bad["query"].any():
-            at = bad["query"].any(dim=-1).nonzero()[:8].tolist()  # (sequence, head, position) of bad query rows
-            found["query_rows"] = at
-            if mask is not None:
-                seen_keys = []
-                for b, h, t in at:
-                    row = mask[b if mask.shape[0] > 1 else 0, h if mask.shape[1] > 1 else 0, t]
-                    seen_keys.append(int(row.sum()) if row.dtype == torch.bool else int(torch.isfinite(row).sum()))
-                found["keys_visible_to_those_rows"] = seen_keys
-            scale = kwargs.get("scale") or query.shape[-1] ** -0.5
+        def visible(line) -> int:  # the entries of a mask's row or column that let attention through
+            if line.dtype == torch.bool:
+                return int(line.sum())
+            return int((line > torch.finfo(line.dtype).min / 2).sum())
+
+        def mask_of(b: int, h: int):
+            return mask[b if mask.shape[0] > 1 else 0, h if mask.shape[1] > 1 else 0]
+
+        scale = kwargs.get("scale") or query.shape[-1] ** -0.5
+        for name, where in bad.items():
+            if not where.any():
+                continue
+            at = where.any(dim=-1).nonzero()[:8].tolist()  # (sequence, head, position) of its first bad rows
+            found[f"{name}_rows"] = at
             b, h, t = at[0]
-            scores = (query[b, h, t].float() @ key[b, h].float().T) * scale
-            found["first_row_scores"] = {"max": float(scores.max()), "min": float(scores.min())}
+            if name == "query":  # the keys those query positions may see, and the first one's scores
+                if mask is not None:
+                    found["keys_visible_to_those_rows"] = [visible(mask_of(b_, h_)[t_]) for b_, h_, t_ in at]
+                scores = (query[b, h, t].float() @ key[b, h].float().T) * scale
+            else:  # the queries that may see those key positions, and the scores of the first one's column
+                if mask is not None:
+                    found["queries_seeing_those_positions"] = [visible(mask_of(b_, h_)[:, t_]) for b_, h_, t_ in at]
+                scores = (query[b, h].float() @ key[b, h, t].float()) * scale
+            found[f"first_{name}_row_scores"] = {"max": float(scores.max()), "min": float(scores.min())}
         if "output" in call["grads"]:
             found["output_gradient_abs_max"] = float(call["grads"]["output"].abs().max())
         pick = rows[:1]

@@ -546,6 +546,7 @@ def test_stabilitys_plain_run_replays_a_bad_step_and_names_the_attention_call(tm
         attention = probed["attention"]
         assert attention["calls"] == 2 and attention["origin"] == 1  # the top layer's call, the first backward reaches
         assert attention["origin_flags"] == {"output": True, "query": False, "key": True, "value": True}
+        assert attention["query_rows"][0] == [0, 0, 0] and "first_query_row_scores" in attention
         assert attention["alone"]["math"] == {"output_finite": True, "query": False, "key": True, "value": True}
         assert "model.layers.1.self_attn.k_proj.weight" in probed["finite_gradients"]
         assert replays["as run, again"]["gradients"] == line["gradients"]
