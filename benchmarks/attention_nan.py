@@ -1,12 +1,20 @@
-"""Whether the attention of a Qwen2.5-0.5B-shaped stack makes non-finite gradients on a padded GRPO-like batch by
-itself, with random weights: each SDPA backend, then liger-kernel's kernels (rotary, RMSNorm, SwiGLU).
+"""Where scaled_dot_product_attention makes non-finite gradients on padded batches. CUDA only.
 
     python3 benchmarks/attention_nan.py --out $OUT/attention-random-weights.json
+    python3 benchmarks/attention_nan.py --lengths --out $OUT/attention-lengths.json \
+      [--model /tmp/qwen2.5-coder-0.5b-instruct]
 
-Two decoder layers of the 0.5B shape (hidden 896, 14 heads, 2 KV heads, head size 64) in bf16 with gradient
-checkpointing as the recipes run it, 64 sequences of 60 prompt tokens (0-13 of them left padding) and 20-512
-completion tokens (the rest right padding), the loss a masked mean of the completion tokens' log-probabilities;
-per backend and seed, how many parameter gradients are not finite. CUDA only.
+Without `--lengths`: two decoder layers of the Qwen2.5-0.5B shape (hidden 896, 14 heads, 2 KV heads, head size 64)
+with random weights, in bf16 with gradient checkpointing as the recipes run it, 64 sequences of 60 prompt tokens
+(0-13 of them left padding) and 20-512 completion tokens (the rest right padding), the loss a masked mean of the
+completion tokens' log-probabilities; per SDPA backend (then with liger-kernel's kernels) and seed, how many
+parameter gradients are not finite.
+
+With `--lengths`: the condition of the cuDNN backward's NaN (grpo_cli/engine/attention.py) at padded lengths
+around it (64 modulo 128 and its neighbours), with torch's cuDNN attention allowed and not: one head whose every
+score is far below zero (logsumexp under -88.7) under a causal boolean mask, the query, key and value gradients'
+non-finite elements; and with `--model`, a real model's padded batch at those lengths, its non-finite parameter
+gradients.
 """
 
 from __future__ import annotations
@@ -71,11 +79,89 @@ def step(built, backend, seed: int) -> dict:
     return {"seed": seed, "loss": float(loss), "non_finite": len(bad), "of": len(named), "names": bad[:4]}
 
 
+LENGTHS = (576, 640, 704, 768, 832)  # 64 modulo 128: 704 and 832 (and 576); multiples of 128: 640 and 768
+
+
+def very_negative_head(length: int, head_size: int = 64):
+    """One head's query, key and value (bf16, with gradients) whose scaled scores are all about -120: every row's
+    logsumexp is far below -88.7."""
+    import torch
+
+    generator = torch.Generator().manual_seed(length)
+    query, key, value = (torch.randn(1, 1, length, head_size, generator=generator) for _ in range(3))
+    query, key = query * 0.1, key * 0.1
+    query[..., 0], key[..., 0] = 1.0, -120.0 * head_size**0.5  # the scaled product of the first entries: -120
+    return [t.to("cuda", torch.bfloat16).requires_grad_(True) for t in (query, key, value)]
+
+
+def crafted(length: int, cudnn: bool) -> dict:
+    import torch
+
+    from grpo_cli.engine.attention import use_cudnn_attention
+
+    use_cudnn_attention(cudnn)
+    query, key, value = very_negative_head(length)
+    mask = torch.ones(length, length, dtype=torch.bool, device="cuda").tril()[None, None]
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+    out.backward(torch.ones_like(out))
+    found = {name: int((~torch.isfinite(t.grad)).sum()) for name, t in zip(("query", "key", "value"), (query, key, value))}
+    return {"length": length, "cudnn": cudnn, "output_finite": bool(torch.isfinite(out).all()), "non_finite": found}
+
+
+def real_model(path: str, length: int, cudnn: bool) -> dict:
+    """A real model's padded batch of `length` tokens (8 sequences, 0-7 tokens of left padding), forward and backward
+    with gradient checkpointing: which parameter gradients are not finite."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from grpo_cli.engine.attention import use_cudnn_attention
+
+    use_cudnn_attention(cudnn)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    generator = torch.Generator().manual_seed(length)
+    ids = torch.randint(100, 20000, (8, length), generator=generator).cuda()
+    attention = torch.ones_like(ids)
+    for row in range(8):
+        attention[row, :row] = 0
+    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=129).logits[:, :-1].float()
+    loss = -torch.log_softmax(logits, -1).gather(-1, ids[:, -128:, None]).mean()
+    loss.backward()
+    names = [name for name, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    del model
+    torch.cuda.empty_cache()
+    return {"length": length, "cudnn": cudnn, "loss": float(loss), "non_finite": len(names), "names": names[-3:]}
+
+
+def lengths(args) -> dict:
+    found: dict[str, list] = {"crafted head": []}
+    for length in LENGTHS:
+        for cudnn in (True, False):
+            found["crafted head"].append(crafted(length, cudnn))
+            print(found["crafted head"][-1], flush=True)
+    if args.model:
+        found["model"] = []
+        for length in LENGTHS:
+            for cudnn in (True, False):
+                found["model"].append(real_model(args.model, length, cudnn))
+                print(found["model"][-1], flush=True)
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--lengths", action="store_true", help="the cuDNN backward's condition, by padded length")
+    parser.add_argument("--model", help="with --lengths: a real model's folder")
     args = parser.parse_args()
+    if args.lengths:
+        import torch
+
+        found = {"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), **lengths(args)}
+        Path(args.out).write_text(json.dumps(found, indent=1))
+        return
     from torch.nn.attention import SDPBackend
 
     backends = {

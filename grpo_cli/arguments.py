@@ -152,7 +152,8 @@ class MemoryArguments:
 
 @dataclass
 class HealthArguments:
-    """What a run does with non-finite numbers (NaN, inf) in a step, and with a step that never ends."""
+    """What a run does with non-finite numbers (NaN, inf) in a step, and with a step that never ends; and the
+    attention kernel known to make them."""
 
     nonfinite_guard: bool = field(
         default=True,
@@ -166,6 +167,14 @@ class HealthArguments:
         metadata={
             "help": "Stop the run (exit code 2) after this many non-finite steps in a row, naming the last healthy "
             "checkpoint; 0: skip them and go on."
+        },
+    )
+    cudnn_attention: bool = field(
+        default=False,
+        metadata={
+            "help": "Let torch's scaled_dot_product_attention use its cuDNN kernels in training. Off: with a padding "
+            "mask their backward returns NaN query gradients at sequence lengths of 64 modulo 128 (H100/H200, "
+            "torch 2.11 and later; pytorch issue 196678); the memory-efficient kernel runs instead."
         },
     )
     stall_timeout: float = field(

@@ -117,6 +117,27 @@ def test_nan_gradients_in_a_row_stop_with_the_keys_that_usually_help(tmp_path, t
     assert not (tmp_path / "rl" / "model.safetensors").exists()
 
 
+def test_training_keeps_torch_off_its_cudnn_attention_unless_the_recipe_lets_it(tmp_path, tiny_model_dir):
+    """Both commands: a run turns scaled_dot_product_attention's cuDNN kernels off (their backward makes NaN query
+    gradients on padded batches of some lengths), and `cudnn_attention: true` leaves them on."""
+    import torch
+
+    from grpo_cli.recipe import load_recipe
+    from grpo_cli.train.run import TrainingRun
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        for command in ("rl", "sft"):
+            path = recipe_file(tmp_path / command, tiny_model_dir, command)
+            torch.backends.cuda.enable_cudnn_sdp(True)
+            TrainingRun(load_recipe(str(path), [], command))
+            assert not torch.backends.cuda.cudnn_sdp_enabled()
+            TrainingRun(load_recipe(str(path), ["--cudnn_attention", "true"], command), overwrite=True)
+            assert torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
 def test_the_guard_does_not_change_a_healthy_run(tmp_path, tiny_model_dir):
     three = ["--max_steps", "3"]
     on = train(recipe_file(tmp_path / "on", tiny_model_dir, "rl", "beta: 0.0\n"), "rl", three)

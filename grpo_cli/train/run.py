@@ -8,6 +8,7 @@ from pathlib import Path
 
 from grpo_cli.atomic import json_text, replace_folder, write_text
 from grpo_cli.console import console
+from grpo_cli.engine.attention import use_cudnn_attention
 from grpo_cli.errors import UserError
 from grpo_cli.launch import is_main_process
 from grpo_cli.models import first_nonfinite, gpu_problems, load_model, load_tokenizer, render_prompt
@@ -61,6 +62,7 @@ class TrainingRun:
         self.stop = GracefulStop()
         self.console = RunConsole(recipe.tracking, values=recipe.resolved())
         health = recipe.health
+        use_cudnn_attention(health.cudnn_attention)
         self.guard = None
         if health.nonfinite_guard:
             advice = stability_advice(recipe.resolved())

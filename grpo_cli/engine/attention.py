@@ -1,0 +1,18 @@
+"""Which kernels torch's scaled_dot_product_attention may use in training.
+
+With an explicit attention mask (every padded batch), torch's cuDNN attention backward on H100/H200 (the default
+kernel there since torch 2.11) returns NaN query gradients when the padded sequence length is 64 modulo 128 and a
+query row's scores are all far below zero (logsumexp under about -88.7), as the attention-sink heads of Qwen2.5
+models make them (pytorch/pytorch issue 196678). The forward pass and the key and value gradients stay finite, so
+the step's loss looks healthy while every gradient below that layer is NaN. The memory-efficient and FlashAttention
+kernels, which torch picks when cuDNN's is off, compute the same attention without it.
+"""
+
+from __future__ import annotations
+
+
+def use_cudnn_attention(enabled: bool) -> None:
+    """Let (or stop) scaled_dot_product_attention pick its cuDNN kernels, in this process from now on."""
+    import torch
+
+    torch.backends.cuda.enable_cudnn_sdp(enabled)
