@@ -93,6 +93,7 @@ CONFIGS = {
     "grpo-lora-offload": ("grpo", {"micro_batch": "recipe", "use_peft": True, "activation_offloading": True}),
     # the step guard (on by default: every step's rewards, losses and gradients checked for NaN/inf) turned off
     "grpo-no-guard": ("grpo", {"micro_batch": "recipe", "nonfinite_guard": False}),
+    "grpo-cudnn": ("grpo", {"micro_batch": "recipe", "cudnn_attention": True}),  # torch's cuDNN attention allowed
 }
 TRL_MICRO_BATCH = 8  # GRPOConfig's default per_device_train_batch_size
 MICRO_BATCH_TOKENS = 8192  # completion tokens per micro-batch in the countdown recipe (8 x 1024)
