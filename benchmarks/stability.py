@@ -116,8 +116,10 @@ def replay_batch(
 
 
 def _rotate_half(x):
+    import torch
+
     half = x.shape[-1] // 2
-    return __import__("torch").cat((-x[..., half:], x[..., :half]), dim=-1)
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def reference_rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
