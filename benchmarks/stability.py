@@ -134,9 +134,8 @@ ATTENTION_BACKENDS = ("math", "efficient", "cudnn")
 class AttentionProbe:
     """For one replay: how `torch.nn.functional.scaled_dot_product_attention` runs (`attention`: None as the run
     chose, a backend of `ATTENTION_BACKENDS`, "float32": query, key and value upcast, or "eager": transformers'
-    attention without SDPA), how the rotary embedding
-    runs (`rope`: "as run", or "reference": `reference_rope` in the model's module instead of what liger-kernel put
-    there), and with `probe` every call of the forward pass kept with hooks on its query, key, value and output
+    attention without SDPA), how the rotary embedding runs (`rope`: "as run", or "reference": `reference_rope` in
+    the model's module instead of what liger-kernel put there), and with `probe` every call of the forward pass kept with hooks on its query, key, value and output
     gradients, to find the call where a non-finite gradient first arises in the backward pass (the highest layer
     whose input gradients are not finite while its output gradient is) and re-run that call alone on each backend.
     `save`: a path for that call's tensors (the sequences with non-finite values), to reproduce it elsewhere."""
