@@ -106,10 +106,11 @@ def test_nan_gradients_in_a_row_stop_with_the_keys_that_usually_help(tmp_path, t
     from grpo_cli.train.health import NonFiniteStop
 
     poisoned_backward(monkeypatch, {2, 3, 4})
-    path = recipe_file(tmp_path, tiny_model_dir, "rl", "beta: 0.01\n")
+    path = recipe_file(tmp_path, tiny_model_dir, "rl", "beta: 0.01\ncudnn_attention: true\n")
     with pytest.raises(NonFiniteStop) as stop:
         train(path, "rl", ["--max_steps", "6"])
     text = str(stop.value)
+    assert "--cudnn_attention false (now true)" in text
     assert "training stopped at step 4: 3 steps in a row (2, 3, 4) had non-finite values (gradient norm)" in text
     assert f"The last healthy checkpoint is {tmp_path / 'rl' / 'checkpoint-3'}" in text  # none saved at the stop
     assert "--learning_rate 5.0e-04 (now 1.0e-03)" in text and "--max_grad_norm 0.5 (now 1)" in text

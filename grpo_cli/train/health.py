@@ -280,4 +280,7 @@ def stability_advice(values: dict) -> list[str]:
         tips.append("full precision, if memory allows: --dtype float32 --bf16 false")
     if values.get("beta"):
         tips.append(f"no KL term (its estimate overflows when the policy drifts far): --beta 0 (now {values['beta']})")
+    if values.get("cudnn_attention"):
+        tips.append("torch's cuDNN attention off (its backward makes NaN gradients on padded batches of some "
+                    "lengths): --cudnn_attention false (now true)")
     return tips
