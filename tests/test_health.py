@@ -312,3 +312,21 @@ def test_a_step_that_does_not_end_leaves_every_threads_stack(tmp_path, tiny_mode
 
     quick = train(recipe_file(tmp_path / "quick", tiny_model_dir, "rl", "beta: 0.0\n"), "rl", ["--max_steps", "1"])
     assert not (quick / "stall-stacks.txt").exists()
+
+
+@pytest.mark.gpu
+def test_without_cudnn_attention_the_backward_of_a_padded_far_below_zero_head_is_finite():
+    """The cuDNN backward's condition (an explicit mask, a padded length of 64 modulo 128, every score of a row far
+    below zero) through scaled_dot_product_attention as a training run leaves it: finite query, key and value
+    gradients at every length around it."""
+    import torch
+
+    from benchmarks.attention_nan import LENGTHS, crafted
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        for length in LENGTHS:
+            found = crafted(length, cudnn=False)
+            assert found["output_finite"] and found["non_finite"] == {"query": 0, "key": 0, "value": 0}, found
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
