@@ -21,7 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 PROMPT, COMPLETION, SEQUENCES = 60, 512, 64
 
@@ -43,22 +48,14 @@ def batch(seed: int):
 
 
 def model():
+    """Two layers of the step-time benchmark's Qwen2.5-0.5B shape, a vocabulary of 1000, random weights."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(
-        vocab_size=1000,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=2,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-    )
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    built = Qwen2ForCausalLM(config).to("cuda", torch.bfloat16)
+    from benchmarks.grpo_bench import random_qwen2
+
+    built = random_qwen2("qwen2.5-0.5b", "cuda", torch.bfloat16, num_hidden_layers=2, vocab_size=1000,
+                         max_position_embeddings=4096)
+    built.config._attn_implementation = "sdpa"
     built.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return built.train()
 

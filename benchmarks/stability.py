@@ -334,13 +334,28 @@ def replay_variants(lean: bool, offloading: bool) -> list[tuple[str, dict]]:
     ]
 
 
+def recorded_offloads(rl_module) -> list:
+    """Make `grpo rl` (`rl_module`) build its `LayerInputOffload` as one that records itself: the list of those
+    built, each once (a replay without offloading calls `__init__` again on one to put its hooks back)."""
+    offloads: list = []
+
+    class Offload(rl_module.LayerInputOffload):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            if self not in offloads:
+                offloads.append(self)
+
+    rl_module.LayerInputOffload = Offload
+    return offloads
+
+
 def child(args) -> None:
     import torch
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
+    import grpo_cli.train.rl as rl_module
     from grpo_cli import trl_private
-    from grpo_cli.engine import offload
     from grpo_cli.recipe import load_recipe
     from grpo_cli.train import run
     from grpo_cli.train.rl import run_rl
@@ -348,17 +363,8 @@ def child(args) -> None:
     record = Path(args.record)
     stacks_on_sigusr1(record.with_suffix(".stall.txt"))
     trl_head = trl_private.chunked_logprob()
-    offloads: list = []
+    offloads = recorded_offloads(rl_module)
     seen: dict = {}
-
-    class Offload(offload.LayerInputOffload):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            offloads.append(self)
-
-    import grpo_cli.train.rl as rl_module
-
-    rl_module.LayerInputOffload = Offload
 
     logps_of = GRPOTrainer._get_per_token_logps_and_entropies
     compute_loss = GRPOTrainer._compute_loss
@@ -502,17 +508,9 @@ def replay_bad_steps(record: str) -> None:
         from grpo_cli import trl_private
         from grpo_cli.train import health
 
-        offloads: list = []
+        offloads = recorded_offloads(rl_module)
         seen: dict = {}
         trl_head = trl_private.chunked_logprob()
-
-        class Offload(rl_module.LayerInputOffload):
-            def __init__(self, *a, **k):
-                super().__init__(*a, **k)
-                if self not in offloads:
-                    offloads.append(self)
-
-        rl_module.LayerInputOffload = Offload
         compute_loss = GRPOTrainer.compute_loss
 
         def keeping_inputs(self, model, inputs, *a, **k):

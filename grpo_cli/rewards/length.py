@@ -7,11 +7,6 @@ from grpo_cli.rewards.registry import reward
 BUFFER_SHARE = 5  # unset `overlong_buffer`: the last fifth of `max_completion_length` (DAPO: 4096 of 20480 tokens)
 
 
-def overlong_buffer_of(max_completion_length: int, overlong_buffer: int | None) -> int:
-    """The tokens before the length limit over which the penalty falls from 0 to -1."""
-    return overlong_buffer or max(1, max_completion_length // BUFFER_SHARE)
-
-
 @reward(
     name="overlong_penalty",
     low=-1.0,
@@ -42,6 +37,6 @@ def overlong_penalty(
         return [None] * n
     if not max_completion_length:
         return [None] * n
-    buffer = overlong_buffer_of(max_completion_length, overlong_buffer)
+    buffer = overlong_buffer or max(1, max_completion_length // BUFFER_SHARE)
     start = max_completion_length - buffer
     return [0.0 if length <= start else max(-1.0, (start - length) / buffer) for length in lengths]

@@ -112,6 +112,9 @@ def _random_tree(rng: random.Random, nums: list[int], max_target: int) -> tuple 
     return tree if 1 <= value <= max_target else None
 
 
+NUMBERS_PER_TASK = (2, 6)  # the fewest and the most numbers a generated task may have
+
+
 def generate_rows(
     num: int,
     seed: int,
@@ -123,8 +126,11 @@ def generate_rows(
     """`num` distinct solvable tasks {"nums", "target", "solution"}; the same seed gives the same rows."""
     if num < 1:
         raise UserError(f"number of tasks to generate must be at least 1, got {num}")
-    if not 2 <= min_numbers <= max_numbers <= 6:
-        raise UserError(f"numbers per task must satisfy 2 <= min ({min_numbers}) <= max ({max_numbers}) <= 6")
+    fewest, most = NUMBERS_PER_TASK
+    if not fewest <= min_numbers <= max_numbers <= most:
+        raise UserError(
+            f"numbers per task must satisfy {fewest} <= min ({min_numbers}) <= max ({max_numbers}) <= {most}"
+        )
     if max_number < 2 or max_target < 1:
         raise UserError("max_number must be at least 2 and max_target at least 1")
     rng = random.Random(seed)

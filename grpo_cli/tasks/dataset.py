@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from grpo_cli.arguments import TaskArguments
 from grpo_cli.errors import UserError
 from grpo_cli.problems import Problem, listing
+from grpo_cli.tasks.countdown import NUMBERS_PER_TASK
 from grpo_cli.tasks.task import Task, for_prefill, get_task
 
 if TYPE_CHECKING:
@@ -48,11 +49,11 @@ def task_problems(args: TaskArguments) -> list[Problem]:
         problems.append(Problem("prompt_column", "prompt_column and prompt_template are both set - keep one of them"))
     if args.dataset_generate < 0:
         problems.append(Problem("dataset_generate", f"dataset_generate must be 0 or more, got {args.dataset_generate}"))
-    numbers = args.dataset_generate_numbers
-    if not (len(numbers) == 2 and 2 <= numbers[0] <= numbers[1] <= 6):
+    numbers, (fewest, most) = args.dataset_generate_numbers, NUMBERS_PER_TASK
+    if not (len(numbers) == 2 and fewest <= numbers[0] <= numbers[1] <= most):
         problems.append(Problem(
             "dataset_generate_numbers",
-            f"dataset_generate_numbers must be [fewest, most] with 2 <= fewest <= most <= 6, got {numbers}",
+            f"dataset_generate_numbers must be [fewest, most] with {fewest} <= fewest <= most <= {most}, got {numbers}",
         ))
     if args.dataset_generate > 0 and not task.generates:
         problems.append(
