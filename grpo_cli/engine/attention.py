@@ -2,10 +2,11 @@
 
 With an explicit attention mask (every padded batch), torch's cuDNN attention backward on H100/H200 (the default
 kernel there since torch 2.11) returns NaN query gradients when the padded sequence length is 64 modulo 128 and a
-query row's scores are all far below zero (logsumexp under about -88.7), as the attention-sink heads of Qwen2.5
-models make them (pytorch/pytorch issue 196678). The forward pass and the key and value gradients stay finite, so
-the step's loss looks healthy while every gradient below that layer is NaN. The memory-efficient and FlashAttention
-kernels, which torch picks when cuDNN's is off, compute the same attention without it.
+query row's logsumexp is under about -88.7: a row the mask lets see no key at all (the left padding of a shorter
+prompt, which every GRPO batch has), or one whose scores are all far below zero (pytorch/pytorch issue 196678). The
+forward pass and the key and value gradients stay finite, so the step's loss looks healthy while every gradient
+below that layer is NaN. The memory-efficient and math kernels, which torch picks when cuDNN's is off, compute the
+same attention without it.
 """
 
 from __future__ import annotations
