@@ -11,10 +11,10 @@ completion tokens' log-probabilities; per SDPA backend (then with liger-kernel's
 parameter gradients are not finite.
 
 With `--lengths`: the condition of the cuDNN backward's NaN (grpo_cli/engine/attention.py) at padded lengths
-around it (64 modulo 128 and its neighbours), with torch's cuDNN attention allowed and not: one head whose every
-score is far below zero (logsumexp under -88.7) under a causal boolean mask, the query, key and value gradients'
-non-finite elements; and with `--model`, a real model's padded batch at those lengths, its non-finite parameter
-gradients.
+around it (64 modulo 128 and its neighbours), with torch's cuDNN attention allowed and not: one head under a causal
+boolean mask whose every score is far below zero (logsumexp under -88.7), and one with ordinary scores whose first
+positions are left padding (their rows see no key), the query, key and value gradients' non-finite elements; and
+with `--model`, a real model's padded batch at those lengths, its non-finite parameter gradients.
 """
 
 from __future__ import annotations
@@ -77,32 +77,44 @@ def step(built, backend, seed: int) -> dict:
 
 
 LENGTHS = (576, 640, 704, 768, 832)  # 64 modulo 128: 704 and 832 (and 576); multiples of 128: 640 and 768
+LEFT_PADDING = 5  # positions hidden as keys at the start of the crafted head's sequence
 
 
-def very_negative_head(length: int, head_size: int = 64):
-    """One head's query, key and value (bf16, with gradients) whose scaled scores are all about -120: every row's
-    logsumexp is far below -88.7."""
+def crafted_head(length: int, left_padding: int = 0, head_size: int = 64):
+    """One head's query, key and value (bf16, with gradients) and its boolean mask (causal, the first `left_padding`
+    positions hidden as keys, as a left-padded sequence has them). Without padding every scaled score is about -120,
+    so every row's logsumexp is far below -88.7; with it the scores are ordinary, and the padded positions' rows see
+    no key at all."""
     import torch
 
     generator = torch.Generator().manual_seed(length)
     query, key, value = (torch.randn(1, 1, length, head_size, generator=generator) for _ in range(3))
     query, key = query * 0.1, key * 0.1
-    query[..., 0], key[..., 0] = 1.0, -120.0 * head_size**0.5  # the scaled product of the first entries: -120
-    return [t.to("cuda", torch.bfloat16).requires_grad_(True) for t in (query, key, value)]
+    if not left_padding:
+        query[..., 0], key[..., 0] = 1.0, -120.0 * head_size**0.5  # the scaled product of the first entries: -120
+    mask = torch.ones(length, length, dtype=torch.bool).tril()
+    mask[:, :left_padding] = False
+    tensors = [t.to("cuda", torch.bfloat16).requires_grad_(True) for t in (query, key, value)]
+    return (*tensors, mask[None, None].to("cuda"))
 
 
-def crafted(length: int, cudnn: bool) -> dict:
+def crafted(length: int, cudnn: bool, left_padding: int = 0) -> dict:
     import torch
 
     from grpo_cli.engine.attention import use_cudnn_attention
 
     use_cudnn_attention(cudnn)
-    query, key, value = very_negative_head(length)
-    mask = torch.ones(length, length, dtype=torch.bool, device="cuda").tril()[None, None]
+    query, key, value, mask = crafted_head(length, left_padding)
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask)
     out.backward(torch.ones_like(out))
     found = {name: int((~torch.isfinite(t.grad)).sum()) for name, t in zip(("query", "key", "value"), (query, key, value))}
-    return {"length": length, "cudnn": cudnn, "output_finite": bool(torch.isfinite(out).all()), "non_finite": found}
+    return {
+        "length": length,
+        "left_padding": left_padding,
+        "cudnn": cudnn,
+        "output_finite": bool(torch.isfinite(out).all()),
+        "non_finite": found,
+    }
 
 
 def real_model(path: str, length: int, cudnn: bool) -> dict:
@@ -132,11 +144,12 @@ def real_model(path: str, length: int, cudnn: bool) -> dict:
 
 
 def lengths(args) -> dict:
-    found: dict[str, list] = {"crafted head": []}
+    found: dict[str, list] = {"crafted head": [], "crafted head, left padding": []}
     for length in LENGTHS:
         for cudnn in (True, False):
             found["crafted head"].append(crafted(length, cudnn))
-            print(found["crafted head"][-1], flush=True)
+            found["crafted head, left padding"].append(crafted(length, cudnn, left_padding=LEFT_PADDING))
+            print(found["crafted head"][-1], found["crafted head, left padding"][-1], flush=True)
     if args.model:
         found["model"] = []
         for length in LENGTHS:

@@ -315,18 +315,20 @@ def test_a_step_that_does_not_end_leaves_every_threads_stack(tmp_path, tiny_mode
 
 
 @pytest.mark.gpu
-def test_without_cudnn_attention_the_backward_of_a_padded_far_below_zero_head_is_finite():
-    """The cuDNN backward's condition (an explicit mask, a padded length of 64 modulo 128, every score of a row far
-    below zero) through scaled_dot_product_attention as a training run leaves it: finite query, key and value
-    gradients at every length around it."""
+def test_without_cudnn_attention_the_backward_of_a_padded_head_is_finite():
+    """The cuDNN backward's condition (an explicit mask, a padded length of 64 modulo 128, a row whose logsumexp is far
+    below zero: every score far below zero, or left padding that lets the row see no key) through
+    scaled_dot_product_attention as a training run leaves it: finite query, key and value gradients at every length
+    around it."""
     import torch
 
-    from benchmarks.attention_nan import LENGTHS, crafted
+    from benchmarks.attention_nan import LEFT_PADDING, LENGTHS, crafted
 
     before = torch.backends.cuda.cudnn_sdp_enabled()
     try:
         for length in LENGTHS:
-            found = crafted(length, cudnn=False)
-            assert found["output_finite"] and found["non_finite"] == {"query": 0, "key": 0, "value": 0}, found
+            for left_padding in (0, LEFT_PADDING):
+                found = crafted(length, cudnn=False, left_padding=left_padding)
+                assert found["output_finite"] and found["non_finite"] == {"query": 0, "key": 0, "value": 0}, found
     finally:
         torch.backends.cuda.enable_cudnn_sdp(before)
