@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from grpo_cli.errors import UserError
 from grpo_cli.launch import LAUNCHER_VARIABLES
 from grpo_cli.recipe import load_recipe
 from grpo_cli.recipe.hardware import Hardware, detect_hardware
+from grpo_cli.train.checkpoints import SECOND_SIGNAL_AFTER_S
 
 pytestmark = pytest.mark.slow
 
@@ -142,17 +144,22 @@ def test_checkpoint_cut_short_is_never_resumed(tmp_path, tiny_model_dir):
     assert state(out / "checkpoint-3")["global_step"] == 3  # resumed from 2, saved a good 3
 
 
-def signal_a_run(path: Path, signum: int) -> tuple[int, str]:
-    """Start `grpo rl` on the recipe, send `signum` once it logged step 1, return its exit code and stderr."""
+def signal_a_run(path: Path, signum: int, as_timeout_does: bool = False) -> tuple[int, str]:
+    """Start `grpo rl` on the recipe, send `signum` once it logged step 1, return its exit code and stderr.
+    `as_timeout_does`: to the process and then to its process group, which `timeout` does within a moment (a tenth
+    of a second apart here, so that the kernel cannot merge the two into one)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "grpo_cli", "rl", "-c", str(path), "--max_steps", "50", "--save_steps", "100"],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
     )
     lines = []
     for line in proc.stderr:
         lines.append(line)
         if "step 1/50" in line or "step  1/50" in line:
             proc.send_signal(signum)
+            if as_timeout_does:
+                time.sleep(0.1)
+                os.killpg(proc.pid, signum)
             break
     _, rest = proc.communicate(timeout=300)
     return proc.returncode, "".join(lines) + rest
@@ -330,11 +337,13 @@ def test_a_folder_holding_a_model_or_other_files_is_not_written_into(tmp_path, t
     assert (out / "ideas.txt").read_text() == "keep me" and (out / "model.safetensors").is_file()
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("as_timeout_does", [False, True])
+def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path, tiny_model_dir, as_timeout_does):
+    """Also when the signal comes twice within a moment, as `timeout` sends it (to the run, then to its group)."""
     path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nlora_r: 4\n")
-    code, text = signal_a_run(path, signal.SIGTERM)
+    code, text = signal_a_run(path, signal.SIGTERM, as_timeout_does)
     assert code == 143, text
-    assert "SIGTERM: saving a checkpoint" in text and "Traceback" not in text
+    assert "SIGTERM: saving a checkpoint" in text and "Traceback" not in text and "quitting now" not in text
     saved = sorted((tmp_path / "rl").glob("checkpoint-*"))
     assert saved and state(saved[-1])["global_step"] >= 1
 
@@ -351,14 +360,14 @@ print("woke up", flush=True)
 
 
 def test_a_second_ctrl_c_quits_even_when_the_main_thread_is_stuck(tmp_path):
-    import time
-
     child = subprocess.Popen([sys.executable, "-c", STUCK_MAIN_THREAD], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "stuck"
     started = time.monotonic()
     child.send_signal(signal.SIGINT)
-    time.sleep(0.5)
+    time.sleep(0.1)
+    child.send_signal(signal.SIGINT)  # the same request again within a moment, as `timeout` sends it
+    time.sleep(SECOND_SIGNAL_AFTER_S + 0.5)
     assert child.poll() is None  # the first one waits for the step to end
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=30)

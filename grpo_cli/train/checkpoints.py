@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import threading
+import time
 from pathlib import Path
 
 from transformers import TrainerCallback
@@ -126,9 +127,17 @@ class Stopped(KeyboardInterrupt):
         self.code = 128 + signum
 
 
+SECOND_SIGNAL_AFTER_S = 1.0
+
+
 class GracefulStop(TrainerCallback):
     """First Ctrl-C or SIGTERM (what Slurm, Kubernetes and container runtimes send): finish the current step, save a
-    checkpoint, stop. A second one: quit at once.
+    checkpoint, stop. A second one, `SECOND_SIGNAL_AFTER_S` or more after the first: quit at once.
+
+    One request to stop often arrives twice within a moment: `timeout` signals the command and then its own process
+    group, which the command is in, and a launcher that passes a signal on to a process whose group was signalled too
+    does the same. Counted as two, that quit without saving; a signal that comes sooner than `SECOND_SIGNAL_AFTER_S`
+    after the first is the same request.
 
     Python runs signal handlers on the main thread between two bytecodes, so a main thread stuck inside one long
     call (a step that never ends) would never see the second signal. The signal numbers also reach a pipe
@@ -139,6 +148,7 @@ class GracefulStop(TrainerCallback):
     def __init__(self) -> None:
         self.requested = False
         self.signum: int | None = None
+        self._first_at = 0.0  # time.monotonic() of the first signal, as the main thread saw it
         self._previous: dict = {}
         self._wakeup: tuple[int, int, int] | None = None  # read end, write end, the wakeup fd it replaced
 
@@ -169,14 +179,16 @@ class GracefulStop(TrainerCallback):
             os.close(write)  # the thread reads the end of the pipe and closes its side
 
     def _watch(self, read: int) -> None:
-        stops = 0
+        first_at: float | None = None
         try:
             while data := os.read(read, 64):  # one byte per signal with a Python handler (SIGALRM's too)
+                now = time.monotonic()
                 for signum in data:
                     if signum not in self.SIGNALS:
                         continue
-                    stops += 1
-                    if stops == 2:
+                    if first_at is None:
+                        first_at = now
+                    elif now - first_at >= SECOND_SIGNAL_AFTER_S:
                         os.write(2, b"\nsecond signal: quitting now without saving\n")
                         os._exit(128 + signum)
         finally:
@@ -185,10 +197,14 @@ class GracefulStop(TrainerCallback):
     def _on_signal(self, signum, frame) -> None:
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         if self.requested:
-            console.print(f"\n[red]second {name}: quitting now without saving[/]")
-            os._exit(128 + signum)
+            # The thread reading the pipe decides, from when each signal came; without it, the main thread does.
+            if self._wakeup is None and time.monotonic() - self._first_at >= SECOND_SIGNAL_AFTER_S:
+                console.print(f"\n[red]second {name}: quitting now without saving[/]")
+                os._exit(128 + signum)
+            return
         self.requested = True
         self.signum = signum
+        self._first_at = time.monotonic()
         console.print(f"\n[yellow]{name}: saving a checkpoint after this step, then stopping ({name} again to quit now)[/]")
 
     def on_step_end(self, args, state, control, **kwargs):
