@@ -349,9 +349,14 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path, tiny_model_dir, as_t
 
 
 STUCK_MAIN_THREAD = """
-import ctypes, signal, sys
+import ctypes, signal, sys, types
 from grpo_cli.train.checkpoints import GracefulStop
-GracefulStop().install()
+from grpo_cli.train.stall import StallWatch
+stall = StallWatch(sys.argv[1], 600)
+stall.on_train_begin(None, types.SimpleNamespace(global_step=0), None)
+stop = GracefulStop()
+stop.before_quit.append(stall.remove_if_empty)  # as a run sets it
+stop.install()
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # the main thread never runs a Python handler now
 print("stuck", flush=True)
 ctypes.CDLL(None).sleep(60)  # one long C call, like a step that never ends
@@ -360,9 +365,10 @@ print("woke up", flush=True)
 
 
 def test_a_second_ctrl_c_quits_even_when_the_main_thread_is_stuck(tmp_path):
-    child = subprocess.Popen([sys.executable, "-c", STUCK_MAIN_THREAD], stdout=subprocess.PIPE,
+    child = subprocess.Popen([sys.executable, "-c", STUCK_MAIN_THREAD, str(tmp_path)], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "stuck"
+    assert (tmp_path / "stall-stacks.txt").is_file()  # the stall watch's file, empty while nothing stalled
     started = time.monotonic()
     child.send_signal(signal.SIGINT)
     time.sleep(0.1)
@@ -373,6 +379,7 @@ def test_a_second_ctrl_c_quits_even_when_the_main_thread_is_stuck(tmp_path):
     out, err = child.communicate(timeout=30)
     assert child.returncode == 130 and time.monotonic() - started < 20, (out, err)
     assert "second signal: quitting now without saving" in err and "woke up" not in out
+    assert not (tmp_path / "stall-stacks.txt").exists()  # quitting left no empty file behind
 
 
 def test_resuming_keeps_one_rollout_row_per_completion_of_each_step(tmp_path, tiny_model_dir):

@@ -149,6 +149,7 @@ class GracefulStop(TrainerCallback):
         self.requested = False
         self.signum: int | None = None
         self._first_at = 0.0  # time.monotonic() of the first signal, as the main thread saw it
+        self.before_quit: list = []  # called (from either thread) just before quitting without saving
         self._previous: dict = {}
         self._wakeup: tuple[int, int, int] | None = None  # read end, write end, the wakeup fd it replaced
 
@@ -190,7 +191,7 @@ class GracefulStop(TrainerCallback):
                         first_at = now
                     elif now - first_at >= SECOND_SIGNAL_AFTER_S:
                         os.write(2, b"\nsecond signal: quitting now without saving\n")
-                        os._exit(128 + signum)
+                        self._quit(signum)
         finally:
             os.close(read)
 
@@ -200,12 +201,18 @@ class GracefulStop(TrainerCallback):
             # The thread reading the pipe decides, from when each signal came; without it, the main thread does.
             if self._wakeup is None and time.monotonic() - self._first_at >= SECOND_SIGNAL_AFTER_S:
                 console.print(f"\n[red]second {name}: quitting now without saving[/]")
-                os._exit(128 + signum)
+                self._quit(signum)
             return
         self.requested = True
         self.signum = signum
         self._first_at = time.monotonic()
         console.print(f"\n[yellow]{name}: saving a checkpoint after this step, then stopping ({name} again to quit now)[/]")
+
+    def _quit(self, signum: int) -> None:
+        for callback in self.before_quit:
+            with contextlib.suppress(Exception):
+                callback()
+        os._exit(128 + signum)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.requested:

@@ -111,6 +111,7 @@ class TrainingRun:
         stall = StallWatch(self.output_dir, self.recipe.health.stall_timeout, accelerator.process_index,
                            accelerator.num_processes)
         trainer.add_callback(stall)
+        self.stop.before_quit.append(stall.remove_if_empty)  # a second Ctrl-C quits without the cleanup below
         if self.guard is not None:
             self.guard.trainer = trainer
             trainer.step_guard = self.guard  # each micro-batch's loss

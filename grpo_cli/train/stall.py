@@ -9,6 +9,7 @@ waiting: a stall may end (a slow disk, a busy shared GPU), and Ctrl-C, SIGTERM o
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import threading
 from pathlib import Path
@@ -71,6 +72,13 @@ class StallWatch(TrainerCallback):
         self._out = None
         if self.path.exists() and self.path.stat().st_size == 0:
             self.path.unlink()
+
+    def remove_if_empty(self) -> None:
+        """For a process about to quit without closing it: no stacks were written, so no file is left behind."""
+        if self._out is not None:
+            with contextlib.suppress(OSError):
+                if self.path.stat().st_size == 0:
+                    self.path.unlink()
 
     def _announce(self) -> None:
         while not self._done.wait(min(CHECK_EVERY_S, self.seconds)):
