@@ -144,18 +144,23 @@ def test_checkpoint_cut_short_is_never_resumed(tmp_path, tiny_model_dir):
     assert state(out / "checkpoint-3")["global_step"] == 3  # resumed from 2, saved a good 3
 
 
-def signal_a_run(path: Path, signum: int, as_timeout_does: bool = False) -> tuple[int, str]:
+def signal_a_run(path: Path, signum: int, as_timeout_does: bool = False, processes: int = 1) -> tuple[int, str]:
     """Start `grpo rl` on the recipe, send `signum` once it logged step 1, return its exit code and stderr.
     `as_timeout_does`: to the process and then to its process group, which `timeout` does within a moment (a tenth
-    of a second apart here, so that the kernel cannot merge the two into one)."""
+    of a second apart here, so that the kernel cannot merge the two into one). With several `processes`: to the
+    process group alone, as a terminal's Ctrl-C reaches every process of the run."""
+    launch = ["--num-processes", str(processes)] if processes > 1 else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "grpo_cli", "rl", "-c", str(path), "--max_steps", "50", "--save_steps", "100"],
+        [sys.executable, "-m", "grpo_cli", "rl", "-c", str(path), "--max_steps", "50", "--save_steps", "100", *launch],
         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
     )
     lines = []
     for line in proc.stderr:
         lines.append(line)
         if "step 1/50" in line or "step  1/50" in line:
+            if processes > 1:
+                os.killpg(proc.pid, signum)
+                break
             proc.send_signal(signum)
             if as_timeout_does:
                 time.sleep(0.1)
@@ -175,6 +180,16 @@ def test_ctrl_c_saves_a_usable_checkpoint(tmp_path, tiny_model_dir):
     assert saved and state(saved[-1])["global_step"] >= 1
     out = train(path, "rl", ["--max_steps", str(state(saved[-1])["global_step"] + 1)])
     assert json.loads((out / "train_summary.json").read_text())["global_step"] == state(saved[-1])["global_step"] + 1
+
+
+def test_ctrl_c_saves_every_rank_of_a_two_process_run(tmp_path, tiny_model_dir):
+    """A terminal's Ctrl-C reaches every process of the run, and torchrun passes a stop on to the ranks again (SIGINT,
+    then SIGTERM): each rank takes the copies for one request, finishes the step and saves."""
+    path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nlora_r: 4\n")
+    _, text = signal_a_run(path, signal.SIGINT, processes=2)
+    assert text.count("Ctrl-C: saving a checkpoint") == 2 and "quitting now" not in text, text
+    saved = sorted((tmp_path / "rl").glob("checkpoint-*"))
+    assert saved and state(saved[-1])["global_step"] >= 1
 
 
 def test_gpu_options_on_cpu_get_a_clear_error(tmp_path, tiny_model_dir):
