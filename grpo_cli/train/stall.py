@@ -70,15 +70,13 @@ class StallWatch(TrainerCallback):
         self._say_if_written()  # a stall shorter than the thread's check is said too
         self._out.close()
         self._out = None
-        if self.path.exists() and self.path.stat().st_size == 0:
-            self.path.unlink()
+        self.remove_if_empty()
 
     def remove_if_empty(self) -> None:
-        """For a process about to quit without closing it: no stacks were written, so no file is left behind."""
-        if self._out is not None:
-            with contextlib.suppress(OSError):
-                if self.path.stat().st_size == 0:
-                    self.path.unlink()
+        """No stacks were written: no file is left behind (also called by a process about to quit without closing)."""
+        with contextlib.suppress(OSError):
+            if self.path.stat().st_size == 0:
+                self.path.unlink()
 
     def _announce(self) -> None:
         while not self._done.wait(min(CHECK_EVERY_S, self.seconds)):
