@@ -1,8 +1,12 @@
 """Distributed launch: how many processes a run has, re-launching `grpo` through `accelerate launch`, and the
 recipe/accelerate-config combinations known to fail under DeepSpeed.
 
-Nothing here imports torch or accelerate: `grpo check` and `grpo --help` stay fast. Ranks and world size come
-from the environment variables that accelerate and torchrun set for every process they start.
+Nothing here imports torch or accelerate at import time: `grpo check` and `grpo --help` stay fast. Ranks and world
+size come from the environment variables that accelerate and torchrun set for every process they start.
+
+`python -m grpo_cli.launch ARGS` is `accelerate launch ARGS` for a run that must survive a stop signal: the ranks
+get the signal and `STOP_GRACE_S` to finish the step and save, and a run stopped by signal N ends with exit code
+128 + N (`launcher_main`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,11 @@ from grpo_cli.errors import UserError
 
 NUM_PROCESSES_OPTION = "--num-processes"
 ACCELERATE_CONFIG_OPTION = "--accelerate-config"
+
+# How long torchrun waits for its ranks after it passed a stop signal on to them, before it kills them (its own
+# default is 30 s): long enough for a large model's step and checkpoint. A value already in the environment is kept.
+STOP_GRACE_VARIABLE = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+STOP_GRACE_S = 600
 
 # Set by `accelerate launch` (simple, multi-GPU and DeepSpeed launchers) or torchrun in every process they
 # start. Other ACCELERATE_* variables are left out on purpose: people export ACCELERATE_LOG_LEVEL.
@@ -211,8 +220,9 @@ def strip_launch_options(argv: list[str]) -> list[str]:
 
 
 def accelerate_launcher() -> list[str]:
-    """`accelerate launch` run by this interpreter: works in a virtual environment that is not activated."""
-    return [sys.executable, "-m", "accelerate.commands.launch"]
+    """`accelerate launch` run by this interpreter (works in a virtual environment that is not activated), through
+    `launcher_main`."""
+    return [sys.executable, "-m", "grpo_cli.launch"]
 
 
 def relaunch_command(argv: list[str], num_processes: int, accelerate_config: str | None) -> list[str]:
@@ -436,3 +446,46 @@ def _same_number(a: object, b: object) -> bool:
         return float(a) == float(b)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return False
+
+
+# --- the launcher process ----------------------------------------------------------------------------------
+
+
+def launcher_main() -> int:
+    """`accelerate launch` with `sys.argv[1:]`, ending as its run ends: exit code 128 + N for a run stopped by signal N.
+
+    Several processes: torchrun passes a stop on to its ranks, waits `STOP_GRACE_S` for them (unless the environment
+    sets its own grace), then raises its SignalException, whose traceback would read as a crash. One process:
+    accelerate's launcher waits for its child and would die of the signal itself, leaving the child unsignalled (a
+    SIGTERM meant for the run) or still saving after the launch has ended; here it passes the signal on and goes on
+    waiting, and the child's exit code is the launch's.
+    """
+    os.environ.setdefault(STOP_GRACE_VARIABLE, str(STOP_GRACE_S))
+    import psutil
+
+    def pass_on(signum: int, _frame=None) -> None:
+        children = psutil.Process().children()
+        if not children:
+            sys.exit(128 + signum)  # nothing started yet
+        for child in children:
+            try:
+                child.send_signal(signum)
+            except psutil.Error:
+                pass  # it has just ended
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, pass_on)  # torchrun sets its own handlers when it starts its ranks
+    from accelerate.commands.launch import main
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    try:
+        main()
+    except SignalException as stop:
+        return 128 + int(stop.sigval)
+    except subprocess.CalledProcessError as ended:  # the one-process launcher's report of a non-zero exit code
+        return ended.returncode if ended.returncode > 0 else 128 - ended.returncode
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(launcher_main())

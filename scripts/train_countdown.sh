@@ -53,12 +53,14 @@ log_dir=${LOG_DIR:-logs}
 mkdir -p "$log_dir"
 log="$log_dir/countdown-$(date +%Y%m%d-%H%M%S).log"
 
-cmd=("${PYTHON:-python3}" -m accelerate.commands.launch
+# grpo_cli.launch is `accelerate launch` that lets the ranks save on a stop signal and exits 128 + N after one.
+cmd=("${PYTHON:-python3}" -m grpo_cli.launch
   --config_file "$config"
   --num_processes "$num_gpus"
   -m grpo_cli rl --config "${RECIPE:-countdown}" "${overrides[@]}" "$@")
 
 echo "train_countdown: ${cmd[*]}" | tee "$log"
 echo "train_countdown: log in $log" >&2
-# pipefail: the script exits with the training's exit code, not tee's.
-"${cmd[@]}" 2>&1 | tee -a "$log"
+# pipefail: the script exits with the training's exit code, not tee's. tee ignores Ctrl-C and SIGTERM: it keeps
+# logging while the ranks save their checkpoint, and ends when they do.
+"${cmd[@]}" 2>&1 | (trap '' INT TERM; exec tee -a "$log")

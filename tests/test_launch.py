@@ -194,7 +194,7 @@ def test_relaunch_command_is_an_accelerate_launch_of_the_same_grpo_command():
         "1",
     ]
     cmd = relaunch_command(argv, 2, "zero3")
-    assert cmd[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
+    assert cmd[:3] == [sys.executable, "-m", "grpo_cli.launch"]
     assert cmd[3:] == [
         "--config_file", str(CONFIGS / "zero3.yaml"), "--num_processes", "2",
         "-m", "grpo_cli", "rl", "--config", "countdown", "--seed", "1",
@@ -344,6 +344,49 @@ def test_launched_processes_know_their_rank_and_config(tmp_path):
     config = reports[0]["config"]
     assert config["num_processes"] == 2 and config["deepspeed_config"]["zero_stage"] == 3
     assert config["deepspeed_config"]["zero3_save_16bit_model"] is True
+
+
+# Each rank: on the first stop signal, 3 s of "finishing the step and saving", then the exit code of that signal;
+# the same stop passed on again by torchrun is the same request.
+SLOW_STOP = """
+import os, signal, sys, time
+from pathlib import Path
+rank = os.environ["RANK"]
+def stop(signum, frame):
+    if Path(f"stopping-{rank}").exists():
+        return
+    Path(f"stopping-{rank}").touch()
+    time.sleep(3)
+    Path(f"saved-{rank}").touch()
+    sys.exit(128 + signum)
+signal.signal(signal.SIGINT, stop)
+signal.signal(signal.SIGTERM, stop)
+Path(f"ready-{rank}").touch()
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("grace", [None, "1"], ids=["grpo-grace", "user-grace-1s"])
+def test_a_stopped_launch_lets_the_ranks_save_and_exits_as_the_signal(tmp_path, grace):
+    """Ctrl-C on a two-process launch (every process of the group signalled): torchrun waits STOP_GRACE_S for its
+    ranks, unless the environment sets its own grace (here 1 s: the ranks are killed before they save), and the
+    launch ends with 130 and no traceback either way."""
+    (tmp_path / "slow_stop.py").write_text(SLOW_STOP)
+    env = {k: v for k, v in os.environ.items() if k != launch.STOP_GRACE_VARIABLE}
+    if grace:
+        env[launch.STOP_GRACE_VARIABLE] = grace
+    cmd = launch.accelerate_launcher() + ["--multi_gpu", "--num_processes", "2", "slow_stop.py"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"ready-{rank}").exists() for rank in (0, 1)):
+        assert proc.poll() is None and time.monotonic() < deadline, "the ranks did not start"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr, stderr
+    saved = sorted(p.name for p in tmp_path.glob("saved-*"))
+    assert saved == ([] if grace else ["saved-0", "saved-1"]), stderr
 
 
 # --- launch warnings ----------------------------------------------------------------------------------------
@@ -551,14 +594,14 @@ def test_train_countdown_launches_zero3_and_logs(tmp_path):
     assert result.returncode == 5  # the training's exit code, not tee's
     [call] = calls(tmp_path)
     assert call[1:] == [
-        "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "zero3.yaml"),
+        "-m", "grpo_cli.launch", "--config_file", str(CONFIGS / "zero3.yaml"),
         "--num_processes", "2", "-m", "grpo_cli", "rl", "--config", "countdown",
         "--swanlab_mode", "local", "--swanlab_project", "r1-zero",
         "--max_steps", "10",
     ]  # fmt: skip
     assert call[0].startswith("SWANLAB_PROJECT=unset")
     [log] = (tmp_path / "logs").glob("countdown-*.log")
-    assert "accelerate.commands.launch" in log.read_text()
+    assert "grpo_cli.launch" in log.read_text()
 
 
 def test_train_countdown_offload_config_and_no_gpu(tmp_path):
@@ -569,6 +612,32 @@ def test_train_countdown_offload_config_and_no_gpu(tmp_path):
     env.update(NUM_GPUS="2", ACCELERATE_CONFIG="zero3_offload")
     assert run_script("train_countdown.sh", env).returncode == 0
     assert str(CONFIGS / "zero3_offload.yaml") in calls(tmp_path)[0]
+
+
+# A launch that takes a moment to save on Ctrl-C and says so on its output, as the ranks of a run do.
+SAVING_LAUNCH = """#!/usr/bin/env bash
+trap 'sleep 1; echo "saved a checkpoint"; exit 130' INT
+touch "$FAKE_LOG.ready"
+while true; do sleep 0.1; done
+"""
+
+
+def test_train_countdown_keeps_logging_while_a_stopped_run_saves(tmp_path):
+    """Ctrl-C reaches the script, the launch and tee alike: tee must outlive the launch, so that what the ranks
+    print while they save reaches the log (and their writes do not fail on a closed pipe)."""
+    env = fake_bin(tmp_path, python3=SAVING_LAUNCH)
+    env.update(NUM_GPUS="2", LOG_DIR=str(tmp_path / "logs"))
+    proc = subprocess.Popen(["bash", str(SCRIPTS / "train_countdown.sh")], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "calls.log.ready").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    [log] = (tmp_path / "logs").glob("countdown-*.log")
+    assert "saved a checkpoint" in log.read_text() and "saved a checkpoint" in stdout
 
 
 FAKE_SRUN = """#!/usr/bin/env bash
@@ -590,7 +659,7 @@ def test_multinode_slurm_gives_each_machine_its_rank(tmp_path):
     assert result.returncode == 0, result.stderr
     node0, node1 = calls(tmp_path)
     expected = [
-        "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "zero3_multinode.yaml"),
+        "-m", "grpo_cli.launch", "--config_file", str(CONFIGS / "zero3_multinode.yaml"),
         "--num_machines", "2", "--num_processes", "8", "--machine_rank", "{rank}",
         "--main_process_ip", "node-a", "--main_process_port", "29500",
         "-m", "grpo_cli", "rl", "--config", "countdown", "--swanlab_project", "big", "--max_steps", "3",

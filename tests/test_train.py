@@ -144,12 +144,15 @@ def test_checkpoint_cut_short_is_never_resumed(tmp_path, tiny_model_dir):
     assert state(out / "checkpoint-3")["global_step"] == 3  # resumed from 2, saved a good 3
 
 
-def signal_a_run(path: Path, signum: int, as_timeout_does: bool = False, processes: int = 1) -> tuple[int, str]:
+def signal_a_run(
+    path: Path, signum: int, as_timeout_does: bool = False, processes: int = 1, relaunch: bool = False
+) -> tuple[int, str]:
     """Start `grpo rl` on the recipe, send `signum` once it logged step 1, return its exit code and stderr.
     `as_timeout_does`: to the process and then to its process group, which `timeout` does within a moment (a tenth
     of a second apart here, so that the kernel cannot merge the two into one). With several `processes`: to the
-    process group alone, as a terminal's Ctrl-C reaches every process of the run."""
-    launch = ["--num-processes", str(processes)] if processes > 1 else []
+    process group alone, as a terminal's Ctrl-C reaches every process of the run. `relaunch`: one process, started
+    through `accelerate launch` as `--num-processes 1` does."""
+    launch = ["--num-processes", str(processes)] if processes > 1 or relaunch else []
     proc = subprocess.Popen(
         [sys.executable, "-m", "grpo_cli", "rl", "-c", str(path), "--max_steps", "50", "--save_steps", "100", *launch],
         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
@@ -182,12 +185,24 @@ def test_ctrl_c_saves_a_usable_checkpoint(tmp_path, tiny_model_dir):
     assert json.loads((out / "train_summary.json").read_text())["global_step"] == state(saved[-1])["global_step"] + 1
 
 
+def test_sigterm_to_grpo_alone_stops_a_relaunched_one_process_run(tmp_path, tiny_model_dir):
+    """`--num-processes 1` runs through accelerate's one-process launcher: a SIGTERM sent to `grpo` alone (kill, a
+    container runtime) reaches the run, which saves and stops; `grpo` exits 143 once it has."""
+    path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nlora_r: 4\n")
+    code, text = signal_a_run(path, signal.SIGTERM, relaunch=True)
+    assert "SIGTERM: saving a checkpoint" in text and "Traceback" not in text, text
+    assert code == 143, text
+    saved = sorted((tmp_path / "rl").glob("checkpoint-*"))
+    assert saved and 1 <= state(saved[-1])["global_step"] < 50
+
+
 def test_ctrl_c_saves_every_rank_of_a_two_process_run(tmp_path, tiny_model_dir):
     """A terminal's Ctrl-C reaches every process of the run, and torchrun passes a stop on to the ranks again (SIGINT,
     then SIGTERM): each rank takes the copies for one request, finishes the step and saves."""
     path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nlora_r: 4\n")
-    _, text = signal_a_run(path, signal.SIGINT, processes=2)
+    code, text = signal_a_run(path, signal.SIGINT, processes=2)
     assert text.count("Ctrl-C: saving a checkpoint") == 2 and "quitting now" not in text, text
+    assert code == 130 and "Traceback" not in text, text  # the launch ends as the signal, not as torchrun's crash
     saved = sorted((tmp_path / "rl").glob("checkpoint-*"))
     assert saved and state(saved[-1])["global_step"] >= 1
 
