@@ -627,8 +627,13 @@ def test_train_countdown_keeps_logging_while_a_stopped_run_saves(tmp_path):
     print while they save reaches the log (and their writes do not fail on a closed pipe)."""
     env = fake_bin(tmp_path, python3=SAVING_LAUNCH)
     env.update(NUM_GPUS="2", LOG_DIR=str(tmp_path / "logs"))
-    proc = subprocess.Popen(["bash", str(SCRIPTS / "train_countdown.sh")], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # SIGINT as a terminal has it: a test runner started in the background inherits it ignored, and bash cannot
+    # trap a signal ignored when it starts
+    in_terminal = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp('bash', sys.argv[1:])"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", in_terminal, "bash", str(SCRIPTS / "train_countdown.sh")], env=env, cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
     deadline = time.monotonic() + 30
     while not (tmp_path / "calls.log.ready").exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
