@@ -259,7 +259,7 @@ def plot(args) -> None:
             errors = [100 * math.sqrt(p["accuracy"] * (1 - p["accuracy"]) / run["problems"]) for p in run["curve"]]
             label = "plain TRL" if run["side"] == "trl" else "grpo rl"
             ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, color=colours[run["side"]],
-                        label=f"{label} ({run['steps']} steps)")
+                        label=f"{label} ({run['steps']} steps in {xs[-1]:g} min)")
         ax.set_title(f"{model}\n{mine[0]['task']}", fontsize=10)
         ax.set_xlabel("training minutes (one H200)")
         ax.set_ylabel(f"held-out accuracy, greedy, {mine[0]['problems']} problems (%)", fontsize=9)
