@@ -1,7 +1,10 @@
 """Held-out accuracy against wall-clock minutes: a plain TRL script and `grpo rl` train the same model on the same
 task, data, rewards and seed for the same time budget; `grpo eval` scores the checkpoints saved at fixed minutes.
 
-    # on one GPU, per side (each in its own process; the clock starts when the process does):
+    # on one GPU, the whole measurement of one model in one command (the steps below, one after the other):
+    python3 benchmarks/time_to_accuracy.py run --recipe demo/countdown-rl --model /tmp/sft --name SmolLM2-135M-Instruct \
+        --minutes 4 --marks 1,2,4 --work /tmp/tta --limit 200 --out results.json --set per_device_train_batch_size=64 ...
+    # or step by step, per side (each in its own process; the clock starts when the process does):
     python3 benchmarks/time_to_accuracy.py train --side grpo --recipe demo/countdown-rl --model /tmp/sft \\
         --minutes 4 --marks 1,2,4 --work /tmp/tta/grpo --set per_device_train_batch_size=64 ...
     python3 benchmarks/time_to_accuracy.py train --side trl  ... --work /tmp/tta/trl   (the same options)
@@ -208,7 +211,9 @@ def evaluate(args) -> None:
                "--batch-size", str(args.batch_size), "--output", str(out_dir)]
     for model in dict.fromkeys(models):
         command += ["--model", model]
-    subprocess.run(command + overrides_of(args.set), check=True)
+    code = subprocess.run(command + overrides_of(args.set), check=False).returncode
+    if code != 0:
+        sys.exit(f"`grpo eval` exited with {code}; its output is above")
     summary = json.loads((out_dir / "summary.json").read_text())
     scores = dict(zip(dict.fromkeys(models), summary["models"], strict=True))
 
@@ -236,6 +241,21 @@ def evaluate(args) -> None:
     for run in runs:
         points = ", ".join(f"{p['minutes']:g} min {100 * p['accuracy']:.1f}%" for p in run["curve"])
         print(f"{run['model']} {run['side']}: {run['steps']} steps, non-finite {run['non_finite_steps']}: {points}")
+
+
+def run_all(args) -> None:
+    """Both sides, each in its own process with its own clock, one after the other; then the eval of both."""
+    work = Path(args.work)
+    for side, marks in (("grpo", args.marks), ("trl", args.trl_marks or args.marks)):
+        command = [sys.executable, __file__, "train", "--side", side, "--recipe", args.recipe, "--model", args.model,
+                   "--minutes", str(args.minutes), "--marks", marks, "--work", str(work / side), "--set", *args.set]
+        print(f"== {side}: {args.minutes:g} minutes, marks {marks}", flush=True)
+        code = subprocess.run(command, check=False).returncode
+        if code != 0:
+            sys.exit(f"the {side} side exited with {code}; its output is above, its files in {work / side}")
+    args.runs = [str(work / "grpo"), str(work / "trl")]
+    args.eval_dir = str(work / "eval")
+    evaluate(args)
 
 
 def plot(args) -> None:
@@ -294,17 +314,40 @@ def main() -> None:
     e.add_argument("--eval-dir", default="/tmp/tta-eval")
     e.add_argument("--out", required=True)
     e.add_argument("--set", nargs="*", default=[])
+    r = sub.add_parser("run", help="train both sides, then eval: the whole measurement of one model")
+    r.add_argument("--recipe", required=True)
+    r.add_argument("--model", required=True, help="the model both sides start from")
+    r.add_argument("--name", required=True, help="the model's name in the results")
+    r.add_argument("--task", default="countdown")
+    r.add_argument("--minutes", type=float, required=True, help="the time budget of each side")
+    r.add_argument("--marks", required=True, help="minutes at which each side saves a checkpoint, e.g. 1,2,4")
+    r.add_argument("--trl-marks", help="the TRL side's own marks (default: --marks)")
+    r.add_argument("--work", required=True, help="a folder for both sides (grpo/, trl/) and the eval (eval/)")
+    r.add_argument("--limit", type=int, default=200)
+    r.add_argument("--batch-size", type=int, default=64)
+    r.add_argument("--out", required=True)
+    r.add_argument("--set", nargs="*", default=[], help="recipe keys, key=value, the same for both sides")
     p = sub.add_parser("plot")
     p.add_argument("--inputs", nargs="+", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--png", required=True)
     args = parser.parse_args()
-    if args.what == "train":
-        train(args)
-    elif args.what == "eval":
-        evaluate(args)
-    else:
-        plot(args)
+    from grpo_cli.errors import UserError
+
+    try:
+        if args.what == "train":
+            train(args)
+        elif args.what == "eval":
+            evaluate(args)
+        elif args.what == "run":
+            run_all(args)
+        else:
+            plot(args)
+    except UserError as err:  # a bad model path, recipe key or value: the message `grpo` gives, no traceback
+        from grpo_cli.console import print_problems
+
+        print_problems(err.problems)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -363,6 +363,42 @@ def test_curve_stats_compares_the_two_sides_rewards():
     assert report["mean_difference_in_standard_errors"] == pytest.approx(0.0008 / (error / 10**0.5))
 
 
+def test_time_to_accuracy_clock_saves_at_each_mark_and_stops_at_the_budget(tmp_path, monkeypatch):
+    import time
+
+    from transformers import TrainerControl, TrainerState
+
+    from benchmarks import time_to_accuracy
+
+    record = tmp_path / "clock.json"
+    clock = time_to_accuracy.clock_callback([0.5, 1.0], 2.0, record)
+    state = TrainerState()
+
+    def step(n: int, minutes: float) -> TrainerControl:
+        monkeypatch.setattr(time_to_accuracy, "STARTED", time.time() - 60 * minutes - clock.paused)
+        state.global_step = n
+        control = TrainerControl()
+        clock.on_step_end(None, state, control)
+        if control.should_save:
+            clock.on_save(None, state, control)
+        return control
+
+    assert not step(1, 0.2).should_save
+    control = step(2, 1.2)  # both marks passed within one step: one checkpoint for both
+    assert control.should_save and not control.should_training_stop
+    clock.on_log(None, state, control, logs={"loss": float("nan"), "grad_norm": 1.0})
+    control = step(3, 2.1)  # past the budget: the last checkpoint, then stop
+    assert control.should_save and control.should_training_stop
+    saved = json.loads(record.read_text())
+    assert [(e["minutes"], e["checkpoint"]) for e in saved["marks"]] == [
+        (0.5, "checkpoint-2"),
+        (1.0, "checkpoint-2"),
+        (2.0, "checkpoint-3"),
+    ]
+    assert saved["steps"] == 3 and saved["non_finite_steps"] == [2]
+    assert all("started" not in e for e in saved["marks"])
+
+
 def test_kernel_gaps_sums_the_idle_time_between_kernels():
     from benchmarks.rollout_bench import kernel_gaps
 
