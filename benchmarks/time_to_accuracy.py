@@ -2,7 +2,7 @@
 task, data, rewards and seed for the same time budget; `grpo eval` scores the checkpoints saved at fixed minutes.
 
     # on one GPU, the whole measurement of one model in one command (the steps below, one after the other):
-    python3 benchmarks/time_to_accuracy.py run --recipe demo/countdown-rl --model /tmp/sft --name SmolLM2-135M-Instruct \
+    python3 benchmarks/time_to_accuracy.py run --recipe demo/countdown-rl --model /tmp/sft --name SmolLM2-135M-Instruct \\
         --minutes 4 --marks 1,2,4 --work /tmp/tta --limit 200 --out results.json --set per_device_train_batch_size=64 ...
     # or step by step, per side (each in its own process; the clock starts when the process does):
     python3 benchmarks/time_to_accuracy.py train --side grpo --recipe demo/countdown-rl --model /tmp/sft \\
