@@ -48,6 +48,7 @@ class RunLogs:
     values: dict = field(default_factory=dict)  # the recipe it ran with, defaults filled in
     skipped: list[int] = field(default_factory=list)  # steps the guard skipped (non-finite)
     accuracy: dict[int, float] = field(default_factory=dict)  # step -> share of completions at the top score
+    solved: dict[int, float] = field(default_factory=dict)  # step -> share of prompts with every completion there
     accuracy_reward: str | None = None
 
     @property
@@ -141,12 +142,17 @@ def _accuracy_reward(values: dict, rewards: set[str]) -> tuple[str, float] | Non
     return None
 
 
-def _read_accuracy(path: Path, values: dict, before: int | None) -> tuple[str | None, dict[int, float]]:
-    """Per step, the share of rollouts whose reward for correct answers is at its top (rollouts.jsonl)."""
+def _read_accuracy(
+    path: Path, values: dict, before: int | None
+) -> tuple[str | None, dict[int, float], dict[int, float]]:
+    """Per step, the share of rollouts whose reward for correct answers is at its top, and the share of prompts whose
+    completions all are (their groups carry no gradient because they are solved: the prompts are too easy for the
+    model), from rollouts.jsonl."""
     if not path.is_file():
-        return None, {}
+        return None, {}, {}
     chosen = None
     counts: dict[int, list[int]] = {}
+    groups: dict[int, dict[str, bool]] = {}  # step -> prompt -> every completion at the top so far
     with path.open(encoding="utf-8", errors="replace") as rows:
         for line in rows:
             try:
@@ -159,18 +165,24 @@ def _read_accuracy(path: Path, values: dict, before: int | None) -> tuple[str | 
             if chosen is None:
                 chosen = _accuracy_reward(values, set(rewards))
                 if chosen is None:
-                    return None, {}
+                    return None, {}, {}
             name, top = chosen
             step = done + 1  # a row's `step` is the number of steps done when it was generated
             if before is not None and step > before:
                 continue
             value = rewards.get(name)
+            right = isinstance(value, (int, float)) and value >= top - 1e-9
             tally = counts.setdefault(step, [0, 0])
-            tally[0] += isinstance(value, (int, float)) and value >= top - 1e-9
+            tally[0] += right
             tally[1] += 1
+            prompt = json.dumps(row.get("prompt"), sort_keys=True)
+            solved = groups.setdefault(step, {})
+            solved[prompt] = solved.get(prompt, True) and right
     if chosen is None:
-        return None, {}
-    return chosen[0], {step: hits / total for step, (hits, total) in sorted(counts.items()) if total}
+        return None, {}, {}
+    accuracy = {step: hits / total for step, (hits, total) in sorted(counts.items()) if total}
+    solved = {step: sum(prompts.values()) / len(prompts) for step, prompts in sorted(groups.items()) if prompts}
+    return chosen[0], accuracy, solved
 
 
 def read_run(path: str | Path) -> RunLogs:
@@ -208,7 +220,7 @@ def read_run(path: str | Path) -> RunLogs:
     run = RunLogs(folder=folder, name=_run_name(folder), source=source, history=history, skipped=skipped)
     run.values = _recipe_values(root, run.is_grpo)
     if run.is_grpo:
-        run.accuracy_reward, run.accuracy = _read_accuracy(root / "rollouts.jsonl", run.values, before)
+        run.accuracy_reward, run.accuracy, run.solved = _read_accuracy(root / "rollouts.jsonl", run.values, before)
     return run
 
 
@@ -419,6 +431,8 @@ def run_table(run: RunLogs) -> list[str]:
             ("clipped", "completions/clipped_ratio", "share"),
             ("zero-std groups", "frac_reward_zero_std", "share"),
         ]
+        if run.solved:  # the zero-variance groups that are solved, not failed: the prompts are too easy
+            columns.append(("solved groups", "solved", "share"))
     else:
         columns += [("loss", "loss", "num"), ("token acc", "mean_token_accuracy", "share")]
     columns += [
@@ -428,7 +442,7 @@ def run_table(run: RunLogs) -> list[str]:
         ("lr", "learning_rate", "sci"),
         ("s/step", "step_time", "num"),
     ]
-    columns = [c for c in columns if c[1] == "accuracy" or _series(run, c[1])[0]]
+    columns = [c for c in columns if c[1] in ("accuracy", "solved") or _series(run, c[1])[0]]
     size = _every(run.steps)
     bad = set(nonfinite_steps(run.history, run.skipped))
     buckets: dict[int, list[dict]] = {}
@@ -442,8 +456,9 @@ def run_table(run: RunLogs) -> list[str]:
         steps = [int(e["step"]) for e in entries]
         cells = []
         for _, key, kind in columns:
-            if key == "accuracy":
-                found = [run.accuracy[s] for s in steps if s in run.accuracy]
+            if key in ("accuracy", "solved"):
+                shares = run.accuracy if key == "accuracy" else run.solved
+                found = [shares[s] for s in steps if s in shares]
             else:
                 found = [v for v in (finite_number(e, key) for e in entries) if v is not None]
             cells.append(_cell(statistics.fmean(found) if found else None, kind))

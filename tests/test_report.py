@@ -17,7 +17,7 @@ import yaml
 
 from grpo_cli.diagnosis import FindingWatch, diagnose
 from grpo_cli.errors import UserError
-from grpo_cli.report import read_run, report_run
+from grpo_cli.report import read_run, report_run, run_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -159,6 +159,24 @@ def test_a_checkpoint_is_reported_from_its_own_state(unrewarded_run, tmp_path):
     assert run.steps == 2 and run.source == out / "checkpoint-2" / "trainer_state.json"
     assert sorted(run.accuracy) == [1, 2]  # rollouts of later steps left out
     assert report.picture == tmp_path / "ck" / "report.png" and png_size(report.picture.read_bytes())
+
+
+def test_the_table_says_how_many_groups_are_solved_in_every_completion(tmp_path):
+    """Zero-variance groups are solved or failed alike in `frac_reward_zero_std`; the rollouts tell them apart."""
+    folder = write_state(tmp_path / "run", [log(1, frac_reward_zero_std=0.5), log(2, frac_reward_zero_std=1.0)])
+    rows = []
+    # step 1: A solved by both completions, B by one; step 2: A by none, B by both
+    for done, prompt, equation in [(0, "A", 1.0), (0, "A", 1.0), (0, "B", 1.0), (0, "B", 0.0),
+                                   (1, "A", 0.0), (1, "A", 0.0), (1, "B", 1.0), (1, "B", 1.0)]:
+        rewards = {"countdown_format": 1.0, "countdown_equation": equation}
+        rows.append({"step": done, "prompt": prompt, "completion": "x", "rewards": rewards, "advantage": 0.0})
+    (folder / "rollouts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    run = read_run(folder)
+    assert run.accuracy == {1: 0.75, 2: 0.5} and run.solved == {1: 0.5, 2: 0.5}
+    header, _, first, second = [line for line in run_table(run) if line.startswith("|")]
+    cells = dict(zip(header.split("|"), first.split("|"), strict=True))
+    assert cells[" solved groups "].strip() == "50%" and cells[" zero-std groups "].strip() == "50%"
+    assert dict(zip(header.split("|"), second.split("|"), strict=True))[" accuracy "].strip() == "50%"
 
 
 def test_the_command_and_its_bad_input(unrewarded_run, tmp_path):
