@@ -142,7 +142,7 @@ def _accuracy_reward(values: dict, rewards: set[str]) -> tuple[str, float] | Non
     return None
 
 
-def _read_accuracy(
+def _read_rollouts(
     path: Path, values: dict, before: int | None
 ) -> tuple[str | None, dict[int, float], dict[int, float]]:
     """Per step, the share of rollouts whose reward for correct answers is at its top, and the share of prompts whose
@@ -220,7 +220,7 @@ def read_run(path: str | Path) -> RunLogs:
     run = RunLogs(folder=folder, name=_run_name(folder), source=source, history=history, skipped=skipped)
     run.values = _recipe_values(root, run.is_grpo)
     if run.is_grpo:
-        run.accuracy_reward, run.accuracy, run.solved = _read_accuracy(root / "rollouts.jsonl", run.values, before)
+        run.accuracy_reward, run.accuracy, run.solved = _read_rollouts(root / "rollouts.jsonl", run.values, before)
     return run
 
 
@@ -442,7 +442,8 @@ def run_table(run: RunLogs) -> list[str]:
         ("lr", "learning_rate", "sci"),
         ("s/step", "step_time", "num"),
     ]
-    columns = [c for c in columns if c[1] in ("accuracy", "solved") or _series(run, c[1])[0]]
+    from_rollouts = {"accuracy": run.accuracy, "solved": run.solved}  # step -> share; the rest from the logs
+    columns = [c for c in columns if c[1] in from_rollouts or _series(run, c[1])[0]]
     size = _every(run.steps)
     bad = set(nonfinite_steps(run.history, run.skipped))
     buckets: dict[int, list[dict]] = {}
@@ -456,9 +457,8 @@ def run_table(run: RunLogs) -> list[str]:
         steps = [int(e["step"]) for e in entries]
         cells = []
         for _, key, kind in columns:
-            if key in ("accuracy", "solved"):
-                shares = run.accuracy if key == "accuracy" else run.solved
-                found = [shares[s] for s in steps if s in shares]
+            if key in from_rollouts:
+                found = [from_rollouts[key][s] for s in steps if s in from_rollouts[key]]
             else:
                 found = [v for v in (finite_number(e, key) for e in entries) if v is not None]
             cells.append(_cell(statistics.fmean(found) if found else None, kind))
