@@ -8,7 +8,9 @@ A finding's state must hold for `HOLD` (3) logs in a row unless said otherwise. 
   above 0) for `HOLD` logs: GRPO has nothing to learn from until some completion is rewarded.
 - most groups zero-variance: `frac_reward_zero_std` >= `ZERO_STD_SHARE` (0.5). With `dynamic_sampling` the share
   of the groups trained on instead (`dynamic_sampling/filled_share`: the dropped groups that filled a batch still
-  short after the extra rounds), since the others never reach the update.
+  short after the extra rounds), since the others never reach the update. Where the logs say how many groups got
+  every completion right (`frac_groups_solved`, tasks with a reward for correct answers), the advice says which way
+  the prompts are off: harder when those are at least half the zero-variance share, else easier.
 - reward flat: over `FLAT_LOGS` (50) logs the reward's fitted change (a least-squares line) is small for sure: its
   size plus two standard errors stays under `FLAT_RISE` (0.05) x max(1, |reward|), while most groups still tell
   completions apart (else "zero-variance" explains it). A step's reward is the mean of a few prompts' groups and moves
@@ -175,11 +177,24 @@ def zero_variance(logs: list[dict], values: dict) -> Finding | None:
             f"zero-variance groups: {share:.0%} of groups gave all their completions the same reward, so they teach "
             "nothing - more "
         )
+    window = logs[start : start + HOLD]  # the logs where it first held
+    solved = [value for value in (finite_number(entry, "frac_groups_solved") for entry in window) if value is not None]
+    level = "prompts nearer the model's level (harder if it solves them all, easier if none)"
+    if solved:  # the task has a reward for correct answers: which way the prompts are off
+        right = statistics.fmean(solved)
+        flat = statistics.fmean(finite_number(entry, zero_variance_key(values)) or 0.0 for entry in window)
+        if right >= flat / 2:
+            level = f"harder prompts: {right:.0%} of groups got every completion right"
+        else:
+            level = (
+                f"easier prompts, or a cold start on the task first: only {right:.0%} of groups got every completion "
+                "right, the others all scored alike below it"
+            )
     return Finding(
         "zero_variance",
         _step(logs[start], start),
         f"{said}completions per prompt ({more}{_now(values, 'num_generations')}; the generation batch must stay a "
-        "multiple of it) or prompts nearer the model's level (harder if it solves them all, easier if none)",
+        f"multiple of it) or {level}",
     )
 
 

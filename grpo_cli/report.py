@@ -129,25 +129,14 @@ def _recipe_values(root: Path, grpo: bool) -> dict:
     return values
 
 
-def _accuracy_reward(values: dict, rewards: set[str]) -> tuple[str, float] | None:
-    """The run's reward for correct answers and its top score, where its task has one."""
-    from grpo_cli.rewards import REWARDS
-    from grpo_cli.tasks import TASKS
-
-    task = TASKS.get(str(values.get("task") or ""))
-    for name in task.accuracy_rewards if task else ():
-        spec = REWARDS.get(name)
-        if name in rewards and spec is not None and spec.high is not None:
-            return name, spec.high
-    return None
-
-
 def _read_rollouts(
     path: Path, values: dict, before: int | None
 ) -> tuple[str | None, dict[int, float], dict[int, float]]:
     """Per step, the share of rollouts whose reward for correct answers is at its top, and the share of prompts whose
     completions all are (their groups carry no gradient because they are solved: the prompts are too easy for the
     model), from rollouts.jsonl."""
+    from grpo_cli.rewards import accuracy_reward
+
     if not path.is_file():
         return None, {}, {}
     chosen = None
@@ -163,7 +152,7 @@ def _read_rollouts(
             if not isinstance(rewards, dict) or not isinstance(done, int):
                 continue
             if chosen is None:
-                chosen = _accuracy_reward(values, set(rewards))
+                chosen = accuracy_reward(values.get("task"), set(rewards))
                 if chosen is None:
                     return None, {}, {}
             name, top = chosen

@@ -350,6 +350,21 @@ def test_most_groups_zero_variance(tmp_path):
         "zero_variance"].message
 
 
+def test_zero_variance_says_which_way_the_prompts_are_off_where_solved_groups_are_logged(tmp_path):
+    """Groups without variance are solved (every completion right: harder prompts) or failed alike (easier ones);
+    `frac_groups_solved` in the logs says which, over the logs where the finding first held."""
+    solved = [log(s, frac_reward_zero_std=0.1 if s < 4 else 0.8, frac_groups_solved=0.0 if s < 4 else 0.7)
+              for s in range(1, 10)]
+    message = findings_of(tmp_path, solved)["zero_variance"].message
+    assert "harder prompts: 70% of groups got every completion right" in message and "easier" not in message
+    failed = [log(s, frac_reward_zero_std=0.1 if s < 4 else 0.8, frac_groups_solved=0.1) for s in range(1, 10)]
+    message = findings_of(tmp_path / "failed", failed)["zero_variance"].message
+    assert "easier prompts, or a cold start on the task first: only 10% of groups" in message and "harder" not in message
+    # without the key (a task with no reward for correct answers) the advice names both directions
+    assert "harder if it solves them all, easier if none" in findings_of(
+        tmp_path / "unknown", [log(s, frac_reward_zero_std=0.8) for s in range(1, 5)])["zero_variance"].message
+
+
 def test_with_dynamic_sampling_only_the_groups_trained_on_count(tmp_path):
     """Dynamic sampling drops the groups without variance: most scored groups having none is its work, not a
     finding; the dropped groups that still had to fill the batch are."""

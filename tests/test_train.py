@@ -19,6 +19,7 @@ from grpo_cli.errors import UserError
 from grpo_cli.launch import LAUNCHER_VARIABLES
 from grpo_cli.recipe import load_recipe
 from grpo_cli.recipe.hardware import Hardware, detect_hardware
+from grpo_cli.report import read_run
 from grpo_cli.train.checkpoints import SECOND_SIGNAL_AFTER_S
 
 pytestmark = pytest.mark.slow
@@ -97,8 +98,23 @@ def test_grpo_lora_trains_logs_rewards_and_saves_adapter(tmp_path, tiny_model_di
     assert summary["global_step"] == 2
     logged = [entry for entry in summary["log_history"] if "reward" in entry]
     assert logged and "rewards/countdown_format/mean" in logged[0]
+    # the share of groups with every completion right (countdown_equation at its top), as the report reads it
+    # from rollouts.jsonl
+    solved = read_run(out).solved
+    assert [entry["frac_groups_solved"] for entry in logged] == [solved[entry["step"]] for entry in logged]
     recipe = (out / "recipe.yaml").read_text()
     assert "countdown_equation" in recipe and "max_steps: 2" in recipe
+
+
+def test_a_group_is_solved_when_every_completion_reaches_the_top():
+    import torch
+
+    from grpo_cli.train.rl import solved_groups
+
+    nan = float("nan")  # a reward that did not apply to a completion
+    scores = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, nan, 1.0, 1.0, 0.5, 0.5, 0.5, 0.5])
+    assert solved_groups(scores, 1.0, 4) == [True, False, False, False]
+    assert solved_groups(scores, 0.5, 4) == [True, False, False, True]
 
 
 def test_grpo_full_finetuning_changes_weights(tmp_path, tiny_model_dir):

@@ -9,12 +9,20 @@ from __future__ import annotations
 
 from grpo_cli.rewards import countdown, dapo_math, gsm8k, length  # noqa: F401  (register the built-in rewards)
 from grpo_cli.rewards.guard import RewardGuard, build_reward_funcs, failure_counts
-from grpo_cli.rewards.registry import REWARDS, RewardSpec, resolve_reward, reward, reward_names_problems
+from grpo_cli.rewards.registry import (
+    REWARDS,
+    RewardSpec,
+    accuracy_reward,
+    resolve_reward,
+    reward,
+    reward_names_problems,
+)
 
 __all__ = [
     "REWARDS",
     "RewardGuard",
     "RewardSpec",
+    "accuracy_reward",
     "build_reward_funcs",
     "failure_counts",
     "resolve_reward",

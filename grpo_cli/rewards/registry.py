@@ -42,6 +42,19 @@ class RewardSpec:
 REWARDS: dict[str, RewardSpec] = {}
 
 
+def accuracy_reward(task_name: str | None, rewards) -> tuple[str, float] | None:
+    """Among the run's `rewards` (names), the one whose top score means a correct answer, and that score: the first
+    of its task's `accuracy_rewards` that the run uses, where the task has one."""
+    from grpo_cli.tasks import TASKS
+
+    task = TASKS.get(str(task_name or ""))
+    for name in task.accuracy_rewards if task else ():
+        spec = REWARDS.get(name)
+        if name in rewards and spec is not None and spec.high is not None:
+            return name, spec.high
+    return None
+
+
 def reward(
     name: str,
     task: str | None = None,

@@ -20,7 +20,8 @@ from grpo_cli.engine import is_nonfinite_sampling
 from grpo_cli.engine.lm_head import use_lean_lm_head
 from grpo_cli.engine.offload import LayerInputOffload
 from grpo_cli.errors import UserError
-from grpo_cli.recipe import Recipe, reward_funcs
+from grpo_cli.recipe import Recipe, reward_funcs, reward_names
+from grpo_cli.rewards import accuracy_reward
 from grpo_cli.tasks import as_chats
 from grpo_cli.train.dynamic_sampling import FreshPrompts, choose, flat_groups, is_short, merge, prompt_key
 from grpo_cli.train.health import GuardedSteps, NonFiniteStop
@@ -45,6 +46,9 @@ class RLTrainer(GuardedSteps, BatchSteps, GRPOTrainer):
 
     rollouts_path: Path | None = None
     sampling: SamplingArguments | None = None
+    # the scored batch's column of the reward for correct answers and its top score, where the task has one: each
+    # scored batch logs `frac_groups_solved`, the share of its groups whose completions all reach that top
+    accuracy_column: tuple[int, float] | None = None
     _last_rewards = None  # the latest scored batch's rewards, gathered from every process
     _said_short = False
 
@@ -144,6 +148,10 @@ class RLTrainer(GuardedSteps, BatchSteps, GRPOTrainer):
                 "from this step"
             ) from None
         count = len(logs_of(self)["advantages"]) - before or len(logs_of(self)["advantages"])
+        if self.model.training and self.accuracy_column is not None and self._last_rewards is not None:
+            column, top = self.accuracy_column
+            solved = solved_groups(self._last_rewards[:, column], top, self.num_generations)
+            metrics_of(self)["frac_groups_solved"].append(sum(solved) / len(solved))
         if self.model.training and self.step_guard is not None:
             self._check_scores(output["advantages"], count)
         if self.rollouts_path is not None and self.accelerator.is_main_process and self.model.training:
@@ -179,6 +187,12 @@ class RLTrainer(GuardedSteps, BatchSteps, GRPOTrainer):
                     "advantage": float(advantage),
                 }
                 out.write(json_text(row) + "\n")
+
+
+def solved_groups(scores, top: float, num_generations: int) -> list[bool]:
+    """For each group of a gathered batch's scores of one reward: whether every completion reached `top` (a reward
+    that did not apply, NaN, does not)."""
+    return (scores.view(-1, num_generations) >= top - 1e-9).all(dim=1).tolist()
 
 
 def conversational(reward_func):
@@ -218,6 +232,9 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
             rollout_func=static_rollout(run.args, model),  # None: TRL's own generation
         )
     trainer.sampling = recipe.sampling
+    names = reward_names(recipe)
+    chosen = accuracy_reward(recipe.task.task, names)
+    trainer.accuracy_column = (names.index(chosen[0]), chosen[1]) if chosen else None
     if recipe.memory.activation_offloading:
         LayerInputOffload(trainer.model)  # lives in the hooks it puts on the model
     if trainer.accelerator.is_main_process:
