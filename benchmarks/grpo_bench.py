@@ -47,6 +47,23 @@ SHAPES = {  # Qwen2.5 shapes (config.json of the released models), random weight
         "intermediate_size": 8960,
         "vocab_size": 151936,
     },
+    "qwen2.5-3b": {
+        "hidden_size": 2048,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "intermediate_size": 11008,
+        "vocab_size": 151936,
+    },
+    "qwen2.5-7b": {
+        "hidden_size": 3584,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "intermediate_size": 18944,
+        "vocab_size": 151936,
+        "tie_word_embeddings": False,
+    },
     "tiny": {
         "hidden_size": 64,
         "num_hidden_layers": 2,
@@ -64,6 +81,7 @@ SHAPES = {  # Qwen2.5 shapes (config.json of the released models), random weight
 # "grpo" splits the step's completions as the countdown recipe does (8 completions of 1024 tokens): micro-batches
 # of about 8192 completion tokens, at most 32 completions (`recipe_micro_batch`): the same GRPO work either way (TRL's
 # losses sum or average over the whole step).
+LORA16 = {"r": 16, "alpha": 32, "target_modules": "all-linear"}
 CONFIGS = {
     "trl": ("trl", {}),
     "grpo": ("grpo", {"micro_batch": "recipe"}),
@@ -94,7 +112,22 @@ CONFIGS = {
     # the step guard (on by default: every step's rewards, losses and gradients checked for NaN/inf) turned off
     "grpo-no-guard": ("grpo", {"micro_batch": "recipe", "nonfinite_guard": False}),
     "grpo-cudnn": ("grpo", {"micro_batch": "recipe", "cudnn_attention": True}),  # torch's cuDNN attention allowed
+    # LoRA of rank 16 on every linear layer, the same adapter on both sides
+    "trl-lora16": ("trl", {"lora": LORA16}),
+    "grpo-lora16": ("grpo", {"micro_batch": "recipe", "lora": LORA16}),
+    # one process under configs/accelerate/zero3.yaml (DeepSpeed ZeRO-3), full fine-tuning, on both sides
+    "trl-zero3": ("trl", {"accelerate": "zero3"}),
+    "grpo-zero3": ("grpo", {"micro_batch": "recipe", "accelerate": "zero3"}),
+    "trl-zero3-lora16": ("trl", {"accelerate": "zero3", "lora": LORA16}),
+    "grpo-zero3-lora16": ("grpo", {"micro_batch": "recipe", "accelerate": "zero3", "lora": LORA16}),
 }
+def baseline_of(config: str) -> str:
+    """The plain TRL configuration a configuration's speedup is measured against: the same set-up (LoRA, ZeRO-3),
+    else TRL's defaults."""
+    twin = "trl" + config.removeprefix("grpo").removeprefix("trl")
+    return twin if twin in CONFIGS else "trl"
+
+
 TRL_MICRO_BATCH = 8  # GRPOConfig's default per_device_train_batch_size
 MICRO_BATCH_TOKENS = 8192  # completion tokens per micro-batch in the countdown recipe (8 x 1024)
 MEMORY_EVENTS = 20_000_000  # allocations and frees `--memory` keeps; more, and the oldest are dropped
@@ -357,12 +390,19 @@ def run_trl(spec: dict, output_dir: Path) -> None:
         **spec["overrides"],
     )
     rewards = [conversational(f) for f in build_reward_funcs(spec["rewards"], 0.5)]
+    peft_config = None
+    if spec.get("lora"):
+        from peft import LoraConfig
+
+        lora = spec["lora"]
+        peft_config = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], target_modules=lora["target_modules"])
     trainer = GRPOTrainer(
         model=spec["model"],
         reward_funcs=rewards,
         args=args,
         train_dataset=_prompts(spec, tokenizer),
         processing_class=tokenizer,
+        peft_config=peft_config,
     )
     trainer.train()
 
@@ -387,6 +427,11 @@ def run_grpo(spec: dict, output_dir: Path) -> None:
         **_shared_keys(spec),
         **spec["overrides"],
     }
+    if spec.get("lora"):
+        lora = spec["lora"]
+        recipe.update(use_peft=True, lora_r=lora["r"], lora_alpha=lora["alpha"], lora_target_modules=[lora["target_modules"]])
+    if spec.get("accelerate") and spec.get("lora"):  # PEFT + ZeRO-3 + gradient checkpointing (TRL 1.16)
+        recipe["gradient_checkpointing_kwargs"] = {"use_reentrant": True}
     path = output_dir.parent / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     run_rl(load_recipe(str(path), [], "rl"), resume=False, overwrite=True)
@@ -448,8 +493,7 @@ def random_qwen2(shape: str, device: str, dtype, seed: int = 0, **config):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
-        **{**SHAPES[shape], "max_position_embeddings": 32768, **config},
-        tie_word_embeddings=True,
+        **{"tie_word_embeddings": True, **SHAPES[shape], "max_position_embeddings": 32768, **config},
         rope_theta=1000000.0,
     )
     torch.manual_seed(seed)
@@ -620,9 +664,14 @@ def _run_worker(spec: dict, cap: float, log: Path) -> dict:
     spec_path = Path(spec["out"]).with_suffix(".spec.json")
     spec_path.write_text(json.dumps(spec))
     start = time.perf_counter()
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)]
+    if spec.get("accelerate"):  # one process under the shipped accelerate config, as `accelerate launch` starts it
+        config = ROOT / "configs" / "accelerate" / f"{spec['accelerate']}.yaml"
+        launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+        command = [*launch, "--num_processes", "1", "--main_process_port", str(_free_port()), *command[1:]]
     with open(log, "w") as handle:
         process = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)],
+            command,
             stdout=handle,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -645,6 +694,14 @@ def _run_worker(spec: dict, cap: float, log: Path) -> dict:
         result["status"] = "out of memory" if out_of_memory else f"failed (exit {code})"
         result["log_tail"] = text.strip().splitlines()[-15:]
     return result
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def print_table(results: list[dict]) -> None:
@@ -818,6 +875,7 @@ def main(argv: list[str] | None = None) -> None:
         side, overrides = CONFIGS[config]
         overrides = dict(overrides)
         micro_batch = overrides.pop("micro_batch", TRL_MICRO_BATCH)
+        accelerate, lora = overrides.pop("accelerate", None), overrides.pop("lora", None)
         if micro_batch == "recipe":
             micro_batch = recipe_micro_batch(length)
         entry = {
@@ -828,6 +886,8 @@ def main(argv: list[str] | None = None) -> None:
             "overrides": overrides,
             "micro_batch": micro_batch,
             "optimizer_steps": steps,
+            "accelerate": accelerate,
+            "lora": lora,
         }
         remaining = deadline - time.perf_counter()
         if remaining < min(cap, 30):
@@ -850,6 +910,8 @@ def main(argv: list[str] | None = None) -> None:
             "seed": 42,
             "rows": max(64, prompts * (steps + 1)),
             "overrides": overrides,
+            "accelerate": accelerate,
+            "lora": lora,
             "micro_batch": micro_batch,
             "rewards": rewards,
             "training": training,
@@ -865,16 +927,17 @@ def main(argv: list[str] | None = None) -> None:
         entry["sizes"] = sizes
         entry["summary"] = summarize(entry, args.warmup, bandwidth if args.device == "cuda" else None)
         report["results"].append(entry)
-        base = next(
-            (
-                r
-                for r in report["results"]
-                if r["shape"] == shape and r["length"] == length and r["config"] == "trl" and r.get("summary")
-            ),
-            None,
-        )
         for r in report["results"]:
-            if base and r["shape"] == shape and r["length"] == length and r.get("summary"):
+            base = next(
+                (
+                    b
+                    for b in report["results"]
+                    if (b["shape"], b["length"], b["config"]) == (r["shape"], r["length"], baseline_of(r["config"]))
+                    and b.get("summary")
+                ),
+                None,
+            )
+            if base and r.get("summary"):
                 r["speedup"] = base["summary"]["step_s"] / r["summary"]["step_s"]
         report["elapsed_s"] = time.perf_counter() - started
         _write_json(out, report)

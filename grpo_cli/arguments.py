@@ -207,6 +207,20 @@ class SamplingArguments:
     )
 
 
+@dataclass
+class RolloutArguments:
+    """What samples `grpo rl`'s completions."""
+
+    rollout_engine: Literal["grpo", "trl"] = field(
+        default="trl",
+        metadata={
+            "help": "grpo: grpo's sampler (a static KV cache, CUDA-graph decode steps on a GPU; under DeepSpeed "
+            "ZeRO-3 the weights gathered once per generation batch), or TRL's generate where a set-up needs it "
+            "(vLLM, FSDP, tools, images), said once; trl: TRL's generate. Unset: grpo on a GPU, trl on the CPU."
+        },
+    )
+
+
 OWN_ARGUMENTS = {
     "task": TaskArguments,
     "hub": HubArguments,
@@ -215,4 +229,5 @@ OWN_ARGUMENTS = {
     "memory": MemoryArguments,
     "health": HealthArguments,
     "sampling": SamplingArguments,
+    "rollout": RolloutArguments,
 }

@@ -44,9 +44,9 @@ class EvalSettings:
     top_k: int = 0
     min_p: float | None = None
     repetition_penalty: float = 1.0
-    # The recipe's `cache_implementation` is "static" (the default on a GPU, grpo_cli/recipe/hardware.py): grpo's
+    # The recipe's `rollout_engine` is "grpo" (the default on a GPU, grpo_cli/recipe/hardware.py): grpo's
     # static-cache sampler, where the model allows it.
-    static_cache: bool = True
+    grpo_sampler: bool = True
 
     @property
     def greedy(self) -> bool:
@@ -260,7 +260,7 @@ def _generate_transformers(
     eos = list(dict.fromkeys(e for e in eos + [tokenizer.eos_token_id] if e is not None))
     set_seed(settings.seed)
     # grpo's sampler has no repetition penalty: a recipe that sets one samples with generate, as in training.
-    sampler = rollout_model(model) if settings.static_cache and settings.repetition_penalty == 1.0 else None
+    sampler = rollout_model(model) if settings.grpo_sampler and settings.repetition_penalty == 1.0 else None
     per_call = settings.batch_size or (
         STATIC_BATCH_PROMPTS if sampler is not None else GENERATE_BATCH_PROMPTS
     )
@@ -538,7 +538,7 @@ def run_eval(
 
     from grpo_cli.console import console
     from grpo_cli.recipe import load_recipe, reward_funcs
-    from grpo_cli.recipe.hardware import detect_hardware, rollout_cache
+    from grpo_cli.recipe.hardware import detect_hardware, rollout_engine
     from grpo_cli.tasks import get_task, load_task_dataset
 
     problems = []
@@ -577,7 +577,7 @@ def run_eval(
         seed=int(values.get("seed") or 0),
         use_vllm=use_vllm,
         # an SFT recipe has no rollout keys: it samples as an rl recipe on this machine would
-        static_cache=values.get("cache_implementation", rollout_cache(values, recipe.hardware)) == "static",
+        grpo_sampler=values.get("rollout_engine", rollout_engine(values, recipe.hardware)[0]) == "grpo",
     )
     specs = model_specs(list(models or []), adapter, values.get("model_name_or_path"))
     task = get_task(recipe.task.task)

@@ -265,23 +265,23 @@ def test_models_the_rollout_does_not_cover_are_named():
     assert "gpt2" in unsupported_reason(gpt2)
 
 
-def test_static_cache_rollout_is_the_default_and_dynamic_turns_it_off(tmp_path):
+def test_grpo_sampler_is_the_gpu_default_and_trl_turns_it_off(tmp_path):
     import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     from grpo_cli.train.rollout_func import StaticCacheRollout, static_rollout
 
     model = tiny_model("qwen2")
     default = load_recipe(None, ["--output_dir", str(tmp_path), "--bf16", "false"], "rl")
-    if torch.cuda.is_available():
-        assert default.values["cache_implementation"] == "static"  # the machine's default, decided at load
-        assert isinstance(static_rollout(default.training_config(), model), StaticCacheRollout)
-    else:  # a GPU lever: on the CPU TRL's own generate is faster
-        assert "cache_implementation" not in default.values
-        assert static_rollout(default.training_config(), model) is None
-    dynamic = load_recipe(
-        None, ["--output_dir", str(tmp_path), "--bf16", "false", "--cache_implementation", "dynamic"], "rl"
-    )
-    assert static_rollout(dynamic.training_config(), model) is None
+    engine = default.rollout.rollout_engine
+    # the machine's default, decided at load: on the CPU TRL's own generate is faster
+    assert engine == ("grpo" if torch.cuda.is_available() else "trl")
+    assert (static_rollout(default.training_config(), engine, model) is None) == (engine == "trl")
+    asked = load_recipe(None, ["--output_dir", str(tmp_path), "--bf16", "false", "--rollout_engine", "grpo"], "rl")
+    assert isinstance(static_rollout(asked.training_config(), "grpo", model), StaticCacheRollout)
+    assert static_rollout(asked.training_config(), "grpo", GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50))) is None
+    vllm = load_recipe(None, ["--output_dir", str(tmp_path), "--bf16", "false", "--use_vllm", "true"], "rl")
+    assert static_rollout(vllm.training_config(), "grpo", model) is None  # TRL drives vLLM's weight syncing
 
 
 def test_benchmark_runs_baseline_and_grpo_side_by_side_on_cpu(tmp_path, demo_tokenizer_dir):

@@ -1,5 +1,7 @@
 """`grpo rl` under `accelerate launch` on CPU processes: two DDP-style processes keep one console, one rollouts file and
-the same step count; one ZeRO-3 process (DeepSpeed on the CPU) saves whole weights, resumes and merges."""
+the same step count; one ZeRO-3 process (DeepSpeed on the CPU) saves whole weights, resumes and merges; grpo's sampler
+(`rollout_engine: grpo`, which runs on the CPU too when asked) samples the same completions under ZeRO-3, with its
+weights gathered, as without DeepSpeed, on one process and on two."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from grpo_cli.merge import merge_adapter
-from tests.test_train import recipe_file, state
+from tests.test_train import recipe_file, state, train
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,11 +53,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _launch_zero3(recipe: Path, *overrides: str) -> subprocess.CompletedProcess:
-    """One process under the shipped configs/accelerate/zero3.yaml, on the CPU."""
+def _launch_zero3(recipe: Path, *overrides: str, processes: int = 1) -> subprocess.CompletedProcess:
+    """`processes` processes under the shipped configs/accelerate/zero3.yaml, on the CPU."""
     cmd = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs/accelerate/zero3.yaml"),
-        "--num_processes", "1", "--mixed_precision", "no", "--main_process_port", str(_free_port()),
+        "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", str(_free_port()),
         "-m", "grpo_cli", "rl", "-c", str(recipe), "--use_cpu", "true", *overrides,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
@@ -64,13 +66,31 @@ def _launch_zero3(recipe: Path, *overrides: str) -> subprocess.CompletedProcess:
     return run
 
 
+def rollouts(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
+
+
+def same_rollouts(a: list[dict], b: list[dict]) -> bool:
+    """Step for step the same completions with the same rewards, in the same order."""
+    keys = ("step", "prompt", "completion", "rewards")
+    return [tuple(str(r[k]) for k in keys) for r in a] == [tuple(str(r[k]) for k in keys) for r in b]
+
+
+SAMPLER = "rollout_engine: grpo\n"
+
+
 def test_zero3_saves_whole_weights_resumes_and_merges(tmp_path, tiny_model_dir):
+    """With grpo's sampler, whose rollouts under ZeRO-3 read the weights gathered from their shards: the same
+    completions and rewards step for step as the same recipe without DeepSpeed (full fine-tuning and LoRA)."""
     from safetensors.torch import load_file
 
     initial = load_file(tiny_model_dir / "model.safetensors")
-    full = recipe_file(tmp_path / "full", tiny_model_dir, "rl")
-    _launch_zero3(full)
+    full = recipe_file(tmp_path / "full", tiny_model_dir, "rl", SAMPLER)
+    run = _launch_zero3(full)
+    assert "rollouts through grpo's sampler: the ZeRO-3 weights gathered once per generation batch" in run.stderr
     out = tmp_path / "full" / "rl"
+    plain = train(full, "rl", ["--output_dir", str(tmp_path / "full-plain")])
+    assert len(rollouts(out)) == 2 * 4 and same_rollouts(rollouts(out), rollouts(plain))
     assert (out / "checkpoint-2" / "global_step2").is_dir()  # DeepSpeed's sharded state: it did run ZeRO-3
     for folder in (out / "checkpoint-2", out):
         saved = load_file(folder / "model.safetensors")
@@ -84,11 +104,41 @@ def test_zero3_saves_whole_weights_resumes_and_merges(tmp_path, tiny_model_dir):
     lora = recipe_file(
         tmp_path / "lora", tiny_model_dir, "rl",
         "use_peft: true\nlora_r: 4\nlora_alpha: 8\ngradient_checkpointing: true\n"
-        "gradient_checkpointing_kwargs: {use_reentrant: true}\n",
+        "gradient_checkpointing_kwargs: {use_reentrant: true}\n" + SAMPLER,
     )  # fmt: skip
     _launch_zero3(lora)
+    plain = train(lora, "rl", ["--output_dir", str(tmp_path / "lora-plain")])
+    assert same_rollouts(rollouts(tmp_path / "lora" / "rl"), rollouts(plain))  # the adapters gathered too
     adapter = load_file(tmp_path / "lora" / "rl" / "adapter_model.safetensors")
     assert adapter and all(t.numel() > 0 for t in adapter.values())
     assert all(t.abs().sum() > 0 for k, t in adapter.items() if "lora_B" in k)
     report = merge_adapter(tmp_path / "lora" / "rl", tmp_path / "merged")
     assert report.changed_modules == report.lora_modules > 0
+
+
+def test_two_processes_sample_alike_under_ddp_and_zero3(tmp_path, tiny_model_dir):
+    """grpo's sampler on two processes, each sampling its own prompts: DDP (whole weights on each) and ZeRO-3
+    (gathered from two shards) give the same completions and rewards step for step. Against one process of the same
+    seed, each step trains on the same prompts; the completions differ, as each process draws from its own random
+    stream (its first tokens are the one process's)."""
+    recipe = recipe_file(tmp_path, tiny_model_dir, "rl", SAMPLER)
+    two = ["--per_device_train_batch_size", "2", "--max_steps", "3"]  # 2 per process x 2: the one process's 4
+    ddp = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+        "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+        "-m", "grpo_cli", "rl", "-c", str(recipe), "--output_dir", str(tmp_path / "ddp"), *two,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(ddp, check=False, capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "rollouts through TRL's generation" not in run.stderr
+    _launch_zero3(recipe, "--output_dir", str(tmp_path / "zero3"), *two, processes=2)
+    ddp_rows, zero3_rows = rollouts(tmp_path / "ddp"), rollouts(tmp_path / "zero3")
+    assert len(ddp_rows) == 3 * 4 and same_rollouts(ddp_rows, zero3_rows)
+    assert len({r["rewards"]["vowel_share"] for r in ddp_rows}) > 1  # the rewards varied: the weights moved
+
+    one = rollouts(train(recipe, "rl", ["--output_dir", str(tmp_path / "one"), "--max_steps", "3"]))
+    for step in range(3):
+        assert sorted(r["prompt"] for r in one if r["step"] == step) == sorted(
+            r["prompt"] for r in ddp_rows if r["step"] == step
+        )

@@ -353,7 +353,7 @@ def test_check_prints_the_machines_defaults_with_where_they_came_from(tmp_path):
     assert rows["dataloader_pin_memory"] == ["true", "command line"]
     assert rows["use_liger_kernel"] == ["false", "recipe.yaml:3"]
     assert rows["dtype"] == ["float32", "recipe.yaml:2"]
-    assert rows["cache_implementation"] == ["null", "default"]  # TRL's generate on the CPU
+    assert rows["rollouts"] == ["TRL's generate (rollout_engine: trl)", "hardware default (no GPU)"]
 
 
 def test_a_problem_is_located_by_its_key_not_its_text(tmp_path):
@@ -379,3 +379,29 @@ def test_without_a_command_the_recipe_keys_choose_it(tmp_path):
     recipe.write_text("task: countdown\ndataset_text_field: text\npacking: true\n")
     loaded = load_recipe(str(recipe), [], None)
     assert loaded.command == "sft" and loaded.where("packing") == f"{recipe}:3"  # lines from the one parse
+
+def test_the_plan_says_what_samples_the_rollouts_and_why_not_grpos_sampler(tmp_path):
+    """One line in the plan: grpo's sampler (under ZeRO-3 with its gather), or TRL's generation with the reason."""
+    from grpo_cli.recipe.check import rollout_path
+
+    zero = {stage: {"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": stage}} for stage in (2, 3)}
+    grpo = {"rollout_engine": "grpo"}
+    assert rollout_path(grpo, None) == rollout_path(grpo, zero[2]) == "grpo's sampler"
+    assert rollout_path(grpo, {"distributed_type": "MULTI_GPU"}) == "grpo's sampler"
+    assert "gathered once per generation batch" in rollout_path(grpo, zero[3])
+    assert "ds3_gather_for_generation is false" in rollout_path({**grpo, "ds3_gather_for_generation": False}, zero[3])
+    assert rollout_path({**grpo, "ds3_gather_for_generation": False}, zero[2]) == "grpo's sampler"
+    assert "FSDP shards the weights" in rollout_path(grpo, {"distributed_type": "FSDP"})
+    assert "vLLM generates" in rollout_path({**grpo, "use_vllm": True}, None)
+    assert "repetition_penalty" in rollout_path({**grpo, "repetition_penalty": 1.1}, None)
+    assert rollout_path({"rollout_engine": "trl"}, zero[3]) == "TRL's generate (rollout_engine: trl)"
+
+    path = write(tmp_path, "model_name_or_path: m\nrollout_engine: grpo\nds3_gather_for_generation: false\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "grpo_cli", "check", "-c", str(path), "--accelerate-config", "zero3"],
+        capture_output=True, text=True, check=False, env={**os.environ, "COLUMNS": "250"},
+    )
+    assert run.returncode == 0, run.stderr
+    line = next(line for line in run.stderr.splitlines() if "│ rollouts" in line)
+    assert "TRL's generate: ds3_gather_for_generation is false" in line and "recipe.yaml:2" in line
+

@@ -250,11 +250,11 @@ def test_cpu_defaults_fill_only_unset_keys(tmp_path):
     recipe = load_recipe(None, ["--output_dir", str(tmp_path)], "rl", cpu)
     assert recipe.values["bf16"] is False and recipe.values["use_cpu"] is True
     assert recipe.values["dataloader_pin_memory"] is False
-    assert "cache_implementation" not in recipe.values  # TRL's generate: on the CPU it is faster
-    assert recipe.where("bf16") == "hardware default (no GPU)"
-    chosen = load_recipe(None, ["--bf16", "true", "--use_cpu", "false", "--cache_implementation", "static"], "rl", cpu)
+    assert recipe.values["rollout_engine"] == "trl"  # TRL's generate: on the CPU it is faster
+    assert recipe.where("bf16") == recipe.where("rollout_engine") == "hardware default (no GPU)"
+    chosen = load_recipe(None, ["--bf16", "true", "--use_cpu", "false", "--rollout_engine", "grpo"], "rl", cpu)
     assert chosen.values["bf16"] is True and chosen.values["use_cpu"] is False
-    assert chosen.values["cache_implementation"] == "static" and chosen.where("bf16") == "command line"
+    assert chosen.values["rollout_engine"] == "grpo" and chosen.where("bf16") == "command line"
     assert "use_cpu" not in load_recipe(None, [], "rl", Hardware(gpu=False)).values  # one process trains alone
 
 
@@ -264,7 +264,11 @@ def test_gpu_defaults_turn_liger_on_for_grpo_only_where_it_is_installed_and_unse
     rl = load_recipe(None, ["--output_dir", str(tmp_path), *model], "rl", gpu)
     assert rl.values["use_liger_kernel"] is True
     assert rl.where("use_liger_kernel") == "hardware default (GPU, liger-kernel installed)"
-    assert rl.values["cache_implementation"] == "static" and rl.where("cache_implementation") == "hardware default (GPU)"
+    assert rl.values["rollout_engine"] == "grpo" and rl.where("rollout_engine") == "hardware default (GPU)"
+    # TRL's own key for its generate, set in a recipe: TRL's generate, as before `rollout_engine` existed
+    dynamic = load_recipe(None, ["--cache_implementation", "dynamic", *model], "rl", gpu)
+    assert dynamic.values["rollout_engine"] == "trl"
+    assert dynamic.where("rollout_engine") == "hardware default (cache_implementation: dynamic)"
 
     chosen = load_recipe(None, ["--use_liger_kernel", "false", *model], "rl", gpu)
     sft = load_recipe(None, [], "sft", gpu)

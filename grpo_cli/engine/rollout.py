@@ -173,13 +173,25 @@ def _stacked_qkv(attn):
     return torch.cat([p.weight for p in projections]), bias, [p.out_features for p in projections]
 
 
+def _whole_bytes(parameter) -> int:
+    """A parameter's bytes at its whole size (a DeepSpeed ZeRO-3 shard's `ds_numel`: the size once gathered)."""
+    return getattr(parameter, "ds_numel", parameter.numel()) * parameter.element_size()
+
+
 def stacked_qkv_bytes(model) -> int:
     """GPU memory the rollout's stacked q/k/v weights take (`_stacked_qkv`), besides the model's own."""
     total = 0
     for layer in model.model.layers:
         for p in _stackable_projections(layer.self_attn) or ():
-            total += p.weight.nbytes + (p.bias.nbytes if p.bias is not None else 0)
+            total += _whole_bytes(p.weight) + (_whole_bytes(p.bias) if p.bias is not None else 0)
     return total
+
+
+def gathered_bytes(model) -> int:
+    """GPU memory a rollout from a DeepSpeed ZeRO-3 model adds to its shards: each parameter not held whole on this
+    process at its whole size (gathered for the rollout), and the stacked q/k/v weights made from them."""
+    partitioned = [p for p in model.parameters() if hasattr(p, "ds_numel") and p.numel() < p.ds_numel]
+    return sum(_whole_bytes(p) for p in partitioned) + stacked_qkv_bytes(model)
 
 
 def _has_active_dropout(model) -> bool:

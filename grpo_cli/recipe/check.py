@@ -12,7 +12,7 @@ from pathlib import Path
 from grpo_cli.arguments import TrackingArguments
 from grpo_cli.errors import UserError
 from grpo_cli.problems import Problem, listing
-from grpo_cli.recipe.hardware import generation_batch
+from grpo_cli.recipe.hardware import generation_batch, rollout_fallback
 from grpo_cli.recipe.load import Recipe
 
 
@@ -277,7 +277,7 @@ def check_recipe(
 
 # Keys whose defaults depend on the machine (`grpo_cli.recipe.hardware`): the plan shows each with where it came from.
 MACHINE_KEYS = (
-    "bf16", "use_cpu", "dataloader_pin_memory", "cache_implementation", "use_liger_kernel", "activation_offloading",
+    "bf16", "use_cpu", "dataloader_pin_memory", "use_liger_kernel", "activation_offloading",
     "lean_lm_head",
 )
 # The keys behind each row of the plan, for its `from` column.
@@ -289,6 +289,7 @@ ROW_KEYS = {
     "rewards": ("reward_funcs", "reward_weights"),
     "effective batch": ("per_device_train_batch_size", "gradient_accumulation_steps"),
     "generations": ("num_generations", "max_completion_length"),
+    "rollouts": ("rollout_engine",),
     "algorithm": ("loss_type", "beta", "learning_rate", "lr_scheduler_type"),
     "dynamic sampling": ("dynamic_sampling", "dynamic_sampling_max_rounds"),
     "sequence length": ("max_length",),
@@ -315,6 +316,23 @@ def sources(recipe: Recipe, keys: tuple[str, ...]) -> str:
 
 def _shown(value) -> str:
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def rollout_path(values: dict, accelerate_config: dict | None) -> str:
+    """What samples the run's completions, in one line: grpo's sampler, or TRL's generation and why."""
+    from grpo_cli.launch import zero_stage
+
+    if values.get("rollout_engine") != "grpo":
+        return "TRL's generate (rollout_engine: trl)" + (" with vLLM" if values.get("use_vllm") else "")
+    stage = zero_stage(accelerate_config)
+    fsdp = str((accelerate_config or {}).get("distributed_type", "")).upper() == "FSDP"
+    sharding = "fsdp" if fsdp else None if stage is None else f"zero{stage}"
+    reason = rollout_fallback(values, sharding)
+    if reason:
+        return f"TRL's generate: {reason}"
+    if sharding == "zero3":
+        return "grpo's sampler, the ZeRO-3 weights gathered once per generation batch (a whole copy per GPU while it samples)"
+    return "grpo's sampler"
 
 
 def build_plan(recipe: Recipe, num_processes: int, accelerate_config: dict | None) -> Plan:
@@ -366,6 +384,7 @@ def build_plan(recipe: Recipe, num_processes: int, accelerate_config: dict | Non
             ("effective batch", f"{batch} completions per optimizer step"),
             ("generations", f"{num_generations} per prompt, {prompts} prompts per generation batch of {gen_batch}, up to "
              + f"{v.get('max_completion_length')} tokens"),
+            ("rollouts", rollout_path(v, accelerate_config)),
             ("algorithm", f"loss {v.get('loss_type')}, beta {v.get('beta')}, lr {lr}"),
         ]
         if v.get("dynamic_sampling"):

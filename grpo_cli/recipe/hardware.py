@@ -62,10 +62,36 @@ def detect_hardware(
     )
 
 
-def rollout_cache(values: dict, hardware: Hardware) -> str | None:
-    """`cache_implementation` where the recipe leaves it unset: grpo's static-cache sampler with CUDA-graph decode
-    steps on a GPU (grpo_cli/engine/rollout.py); on the CPU (None) TRL's own `generate`, which is faster there."""
-    return STATIC if hardware.gpu and not values.get("use_cpu") else None
+def rollout_engine(values: dict, hardware: Hardware) -> tuple[str, str]:
+    """`rollout_engine` where the recipe leaves it unset, and why: grpo's sampler with CUDA-graph decode steps on a
+    GPU (grpo_cli/engine/rollout.py); on the CPU TRL's own `generate`, which is faster there. A recipe's own
+    `cache_implementation` other than `static` (TRL's key, for its `generate`) keeps TRL's generate, as it did before
+    `rollout_engine` existed."""
+    if not hardware.gpu or values.get("use_cpu"):
+        return "trl", "no GPU"
+    cache = values.get("cache_implementation")
+    if cache not in (None, STATIC):
+        return "trl", f"cache_implementation: {cache}"
+    return "grpo", "GPU"
+
+
+def rollout_fallback(values: dict, sharding: str | None) -> str | None:
+    """Why a run asking for grpo's sampler (`rollout_engine: grpo`) samples through TRL's generation instead, from its
+    keys and how the launcher holds the weights (`sharding`: None, "zero1", "zero2", "zero3" or "fsdp"); None where
+    grpo's sampler serves it. The model's own reasons (its architecture) are known once it is loaded."""
+    if values.get("use_vllm"):
+        return "use_vllm: vLLM generates"
+    if values.get("use_transformers_continuous_batching"):
+        return "use_transformers_continuous_batching: transformers' continuous batching generates"
+    if sharding == "fsdp" or values.get("fsdp"):
+        return "FSDP shards the weights (grpo's sampler serves one process, DDP and DeepSpeed ZeRO-1/2/3)"
+    if sharding == "zero3" and values.get("ds3_gather_for_generation") is False:
+        return "ds3_gather_for_generation is false (grpo's sampler gathers the ZeRO-3 weights once per generation batch)"
+    if values.get("generation_kwargs"):
+        return "generation_kwargs are set (grpo's sampler knows temperature, top_k, top_p and min_p)"
+    if values.get("repetition_penalty") not in (None, 1.0):
+        return "repetition_penalty is set (grpo's sampler has none)"
+    return None
 
 
 def hardware_defaults(
@@ -75,7 +101,8 @@ def hardware_defaults(
 
     - No GPU: bf16 off (TRL turns bf16 mixed precision on by default: a CPU cannot run it), no pinned memory (it is
       for copies to a GPU; torch warns without one), and with several processes `use_cpu` (else each trains alone).
-    - A GPU: static-cache rollouts (`rollout_cache`); for `grpo rl`, liger-kernel's fused RMSNorm, rotary and SwiGLU
+    - Which engine samples `grpo rl`'s rollouts (`rollout_engine`: grpo's on a GPU, TRL's on the CPU).
+    - A GPU: for `grpo rl`, liger-kernel's fused RMSNorm, rotary and SwiGLU
       kernels where installed (GRPO steps measured faster at every micro-batch size tried), and
       `activation_offloading` with `lean_lm_head` where the forward/backward rather than the rollout sets the peak
       (`training_sets_the_peak`). Not under DeepSpeed or FSDP, which manage the memory of sharded weights.
@@ -88,15 +115,13 @@ def hardware_defaults(
         if key in keys and key not in values:
             chosen[key] = (value, why)
 
+    default("rollout_engine", *rollout_engine(values, hardware))
     if not hardware.gpu:
         default("bf16", False, "no GPU")
         default("dataloader_pin_memory", False, "no GPU")
         if hardware.processes > 1:
             default("use_cpu", True, f"no GPU, {hardware.processes} processes")
         return chosen, notes
-    cache = rollout_cache(values, hardware)
-    if cache:
-        default("cache_implementation", cache, "GPU")
     if command != "rl" or not hardware.training or values.get("deepspeed"):
         return chosen, notes
     why = None if hardware.sharded or values.get("fsdp") else training_sets_the_peak(values, hardware, env or {})

@@ -25,6 +25,7 @@ from grpo_cli.arguments import (
     HealthArguments,
     MemoryArguments,
     RewardArguments,
+    RolloutArguments,
     SamplingArguments,
     TaskArguments,
     TrackingArguments,
@@ -118,6 +119,10 @@ class Recipe:
     @property
     def sampling(self) -> SamplingArguments:
         return self._build(SamplingArguments)
+
+    @property
+    def rollout(self) -> RolloutArguments:
+        return self._build(RolloutArguments)
 
     def model_config(self):
         """TRL's ModelConfig for this recipe (imports trl)."""

@@ -130,6 +130,7 @@ def read_live() -> dict:
             groups["reward"] = own["reward"]
             groups["memory"] = own["memory"]  # for sft, SFTConfig has the same key
             groups["sampling"] = own["sampling"]
+            groups["rollout"] = own["rollout"]
             for name, choices in RL_CHOICES.items():
                 groups["training"][name]["choices"] = choices
         keys: dict[str, dict] = {}

@@ -229,7 +229,7 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
             processing_class=run.tokenizer,
             peft_config=run.peft_config(),
             callbacks=run.callbacks(),
-            rollout_func=static_rollout(run.args, model),  # None: TRL's own generation
+            rollout_func=static_rollout(run.args, recipe.rollout.rollout_engine, model),  # None: TRL's own generation
         )
     trainer.sampling = recipe.sampling
     names = reward_names(recipe)
