@@ -192,3 +192,14 @@ def test_rewards_test_fails_loudly_on_a_reward_set_that_rewards_malformed_output
     problems = "\n".join(error.value.problems)
     assert "malformed 4 completion" in problems and "Hope that helps!" in problems  # trailing text wins
     assert "gets 0.5 from stingy, below its top score 1" in problems
+
+
+def test_a_jsonl_string_may_hold_any_line_separator_but_newline(tmp_path):
+    """U+2028, U+2029 and U+0085 inside a JSON string are valid JSON (model outputs hold them): lines end at \\n."""
+    text = " A\u2028B\u0085C\u2029.</think>\n<answer>44 + 19 + 35</answer>"
+    row = {"nums": [44, 19, 35], "target": 98, "completion": text}
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps(row, ensure_ascii=False) + "\n" + json.dumps(row, ensure_ascii=False) + "\n")
+    summary = score_file(reward_setup(TaskArguments(task="countdown")), path)
+    assert [line["completion"] for line in summary["lines"]] == [text, text]
+    assert all(line["countdown_equation"] == 1.0 for line in summary["lines"])

@@ -340,3 +340,19 @@ def test_sft_dataset_with_generated_rows_respects_the_prefill_override():
     assert assistant.startswith("<think> I need to reach") and assistant.count("<think>") == 1
     assert get_task("countdown").is_formatted(assistant)
     assert replace(keys, prefill=None).prefill is None  # the arguments are not modified
+
+
+def test_a_generation_it_cannot_finish_is_refused_at_once(tmp_path):
+    """`grpo data countdown -n 10^12` would run for days: refused with the limit, as `dataset_generate` is."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "big.jsonl"
+    cmd = [sys.executable, "-m", "grpo_cli", "data", "countdown", "-n", str(10**12), "--out", str(out)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 2 and "at most 1,000,000" in run.stderr and not out.exists()
+    from grpo_cli.arguments import TaskArguments
+    from grpo_cli.tasks import task_problems
+
+    (problem,) = task_problems(TaskArguments(dataset_generate=10**7))
+    assert problem.key == "dataset_generate" and "at most 1,000,000" in problem.message

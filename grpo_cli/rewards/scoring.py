@@ -107,7 +107,8 @@ def read_completions(path: str | Path, setup: RewardSetup) -> list[dict]:
     except UnicodeDecodeError as err:
         line = err.object[: err.start].count(b"\n") + 1
         raise UserError(f"--input: {path}: line {line}: not UTF-8 text - give a JSONL file of completions") from None
-    for number, line in enumerate(text.splitlines(), 1):
+    # JSONL lines end at "\n" alone: model outputs hold U+2028, U+0085 and the like inside their strings
+    for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         where = f"{path}: line {number}"

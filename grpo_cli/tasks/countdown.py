@@ -115,6 +115,9 @@ def _random_tree(rng: random.Random, nums: list[int], max_target: int) -> tuple 
 NUMBERS_PER_TASK = (2, 6)  # the fewest and the most numbers a generated task may have
 
 
+MAX_GENERATED = 1_000_000  # tasks one generation may make (about a minute); more would run for hours
+
+
 def generate_rows(
     num: int,
     seed: int,
@@ -126,6 +129,8 @@ def generate_rows(
     """`num` distinct solvable tasks {"nums", "target", "solution"}; the same seed gives the same rows."""
     if num < 1:
         raise UserError(f"number of tasks to generate must be at least 1, got {num}")
+    if num > MAX_GENERATED:
+        raise UserError(f"number of tasks to generate must be at most {MAX_GENERATED:,}, got {num:,}")
     fewest, most = NUMBERS_PER_TASK
     if not fewest <= min_numbers <= max_numbers <= most:
         raise UserError(

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from grpo_cli.arguments import TaskArguments
 from grpo_cli.errors import UserError
 from grpo_cli.problems import Problem, listing
-from grpo_cli.tasks.countdown import NUMBERS_PER_TASK
+from grpo_cli.tasks.countdown import MAX_GENERATED, NUMBERS_PER_TASK
 from grpo_cli.tasks.task import Task, for_prefill, get_task
 
 if TYPE_CHECKING:
@@ -49,6 +49,10 @@ def task_problems(args: TaskArguments) -> list[Problem]:
         problems.append(Problem("prompt_column", "prompt_column and prompt_template are both set - keep one of them"))
     if args.dataset_generate < 0:
         problems.append(Problem("dataset_generate", f"dataset_generate must be 0 or more, got {args.dataset_generate}"))
+    if args.dataset_generate > MAX_GENERATED:
+        problems.append(Problem(
+            "dataset_generate", f"dataset_generate must be at most {MAX_GENERATED:,}, got {args.dataset_generate:,}"
+        ))
     numbers, (fewest, most) = args.dataset_generate_numbers, NUMBERS_PER_TASK
     if not (len(numbers) == 2 and fewest <= numbers[0] <= numbers[1] <= most):
         problems.append(Problem(
