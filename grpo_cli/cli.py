@@ -267,11 +267,11 @@ def models_prepare(
     force: Annotated[bool, typer.Option("--force", help="Download and convert again even if prepared.")] = False,
 ) -> None:
     """Download and convert a short-named model into the cache now (otherwise done on first use); print its folder."""
-    from grpo_cli.console import console
+    from grpo_cli.console import console, escape
     from grpo_cli.models import prepare_demo_model
 
     path = prepare_demo_model(name, force=force)
-    console.print(f"[bold green]ready[/] {name}: {path}")
+    console.print(f"[bold green]ready[/] {escape(name)}: {escape(str(path))}")
     typer.echo(str(path))
 
 
@@ -397,13 +397,13 @@ def data_countdown(
     max_target: Annotated[int, typer.Option("--max-target", help="Largest target.")] = 100,
 ) -> None:
     """Write solvable Countdown tasks, each with one reference solution (exact arithmetic, integer steps)."""
-    from grpo_cli.console import console
+    from grpo_cli.console import console, escape
     from grpo_cli.tasks.countdown import write_generated
 
     rows = write_generated(
         out, num, seed, min_numbers=min_numbers, max_numbers=max_numbers, max_number=max_number, max_target=max_target
     )
-    console.print(f"[bold green]wrote[/] {len(rows)} countdown tasks to {out} (seed {seed})")
+    console.print(f"[bold green]wrote[/] {len(rows)} countdown tasks to {escape(str(out))} (seed {seed})")
 
 
 rewards_app = typer.Typer(help="Reward functions: list them, score completions, test a recipe's set.", no_args_is_help=True)
@@ -450,7 +450,7 @@ def rewards_score(
     Keys after the recipe override it: `grpo rewards score -c gsm8k -i completions.jsonl --reward_weights 1 1 1 1 2`.
     """
     from grpo_cli.atomic import json_text
-    from grpo_cli.console import console
+    from grpo_cli.console import console, escape
     from grpo_cli.rewards.scoring import score_file, score_table
 
     summary = score_file(_reward_setup(config, ctx.args), input, output)
@@ -459,7 +459,7 @@ def rewards_score(
         for line in summary["lines"]:
             sys.stdout.write(json_text(line) + "\n")
     else:
-        console.print(f"[bold green]wrote[/] {len(summary['lines'])} scored lines to {output}")
+        console.print(f"[bold green]wrote[/] {len(summary['lines'])} scored lines to {escape(str(output))}")
 
 
 @rewards_app.command("test", context_settings=EXTRA_ARGS)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape  # paths and user text in markup: escape(text)
+
+__all__ = ["console", "escape", "print_problems"]
 
 console = Console(stderr=True, highlight=False)
 

@@ -613,7 +613,7 @@ def run_eval(
     write_jsonl(out_dir / "samples.jsonl", all_samples)
     write_text(out_dir / "summary.json", json_text(result, indent=1) + "\n")
     print_summary(result)
-    console.print(f"wrote {out_dir / 'summary.json'} and {out_dir / 'samples.jsonl'}")
+    console.print(f"wrote {escape(str(out_dir / 'summary.json'))} and {escape(str(out_dir / 'samples.jsonl'))}")
     return result
 
 

@@ -282,15 +282,15 @@ def print_report(report: MergeReport) -> None:
     """Show the merge and its verification on the console."""
     from rich.table import Table
 
-    from grpo_cli.console import console
+    from grpo_cli.console import console, escape
 
     table = Table(title="merge", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("adapter", report.adapter_label)
-    table.add_row("base", report.base)
+    table.add_row("adapter", escape(report.adapter_label))
+    table.add_row("base", escape(report.base))
     table.add_row("dtype", report.dtype)
-    table.add_row("tokenizer from", report.tokenizer_from)
+    table.add_row("tokenizer from", escape(report.tokenizer_from))
     table.add_row("weights changed", f"{report.changed_modules} of {report.lora_modules} adapted matrices")
     table.add_row(
         "probe logits",
@@ -298,8 +298,8 @@ def print_report(report: MergeReport) -> None:
         f"same top-1 token on {report.same_top1:.0%} of {report.probe_tokens} positions",
     )
     table.add_row("adapter effect", f"max |base+adapter - base| = {report.adapter_logit_effect:.3g}")
-    table.add_row("output", report.output)
+    table.add_row("output", escape(report.output))
     console.print(table)
     console.print(
-        f"[bold green]merged[/] {report.output} - loads with AutoModelForCausalLM and AutoTokenizer alone"
+        f"[bold green]merged[/] {escape(report.output)} - loads with AutoModelForCausalLM and AutoTokenizer alone"
     )

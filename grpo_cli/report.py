@@ -579,7 +579,7 @@ def report_run(paths: list[str | Path], output: str | None = None) -> Report:
     write_text(table, _markdown(runs, picture, findings))
     for run in runs:
         found = findings[run.name]
-        head = f"report of {run.name}: {run.steps} steps"
+        head = f"report of {_escape(run.name)}: {run.steps} steps"
         console.print(f"[bold]{head}[/]" + (f", {len(found)} finding(s)" if found else ", nothing found"),
                       soft_wrap=True, markup=True, highlight=False)
         for finding in found:

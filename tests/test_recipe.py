@@ -380,6 +380,7 @@ def test_without_a_command_the_recipe_keys_choose_it(tmp_path):
     loaded = load_recipe(str(recipe), [], None)
     assert loaded.command == "sft" and loaded.where("packing") == f"{recipe}:3"  # lines from the one parse
 
+
 def test_the_plan_says_what_samples_the_rollouts_and_why_not_grpos_sampler(tmp_path):
     """One line in the plan: grpo's sampler (under ZeRO-3 with its gather), or TRL's generation with the reason."""
     from grpo_cli.recipe.check import rollout_path
@@ -405,3 +406,57 @@ def test_the_plan_says_what_samples_the_rollouts_and_why_not_grpos_sampler(tmp_p
     line = next(line for line in run.stderr.splitlines() if "│ rollouts" in line)
     assert "TRL's generate: ds3_gather_for_generation is false" in line and "recipe.yaml:2" in line
 
+
+NULL_KEYS = (
+    "learning_rate", "per_device_train_batch_size", "num_generations", "task", "dataset_generate",
+    "gradient_accumulation_steps", "max_steps", "seed", "temperature", "output_dir", "max_completion_length",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("key", NULL_KEYS)
+def test_a_key_with_no_value_is_named_at_load_not_a_traceback_later(tmp_path, key):
+    """`learning_rate:` alone is YAML's null: no run can use it where TRL needs a value."""
+    path = write(tmp_path, f"model_name_or_path: m\n{key}:\n")
+    with pytest.raises(UserError) as raised:
+        load_recipe(str(path), [], "rl")
+    (problem,) = raised.value.problems
+    assert f"recipe.yaml:2: `{key}` has no value (null) - give " in problem
+
+
+def test_a_null_model_is_one_problem_and_the_check_exits_2(tmp_path):
+    path = write(tmp_path, "model_name_or_path:\nlearning_rate:\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "grpo_cli", "check", "-c", str(path)], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.count("model_name_or_path") == 1 and "`learning_rate` has no value (null)" in run.stderr
+    assert load_recipe(str(write(tmp_path, "model_name_or_path: m\nmin_p:\n")), [], "rl").values["min_p"] is None
+
+
+def test_paths_and_values_are_printed_as_text_never_as_markup(tmp_path):
+    """Square brackets in a recipe's path, its values and a written file's path are data, not Rich markup."""
+    folder = tmp_path / "r["
+    folder.mkdir()
+    path = write(folder, "model_name_or_path: m\noutput_dir: 'out[/]x'\n", name="].yaml")
+    env = {**os.environ, "COLUMNS": "200"}
+    check = [sys.executable, "-m", "grpo_cli", "check", "-c", str(path), "--dataset_name", "x[train]"]
+    run = subprocess.run(check, capture_output=True, text=True, check=False, env=env)
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert "x[train] [train]" in run.stderr and "out[/]x" in run.stderr and "Plan: ]" in run.stderr
+    data = [sys.executable, "-m", "grpo_cli", "data", "countdown", "-n", "4", "--out", str(tmp_path / "d[/].jsonl")]
+    run = subprocess.run(data, capture_output=True, text=True, check=False, env=env)
+    assert run.returncode == 0 and "d[/].jsonl" in run.stderr, run.stderr[-2000:]
+    assert len((tmp_path / "d[" / "].jsonl").read_text().splitlines()) == 4
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
+    """Ten lines whose aliases expand to 10^10 values: refused before they are built, in a fraction of a second."""
+    lines = ["model_name_or_path: m", 'a0: &a0 ["x","x","x","x","x","x","x","x","x","x"]']
+    lines += [f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
+    path = write(tmp_path, "\n".join(lines) + "\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "grpo_cli", "check", "-c", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert run.returncode == 2 and "expand to more than 100,000 values" in run.stderr
+    aliased = write(tmp_path, "model_name_or_path: m\nlora_target_modules: &t [q_proj, v_proj]\n", name="ok.yaml")
+    assert load_recipe(str(aliased), [], "rl").values["lora_target_modules"] == ["q_proj", "v_proj"]

@@ -256,7 +256,8 @@ def check_recipe(
     found += values + _output_problems(recipe)
     # the arithmetic below needs these keys' values
     batch_ok = not {p.key for p in values} & {"per_device_train_batch_size", "num_generations", "gradient_accumulation_steps"}
-    if "model_name_or_path" not in recipe.values:
+    named = any(p.key == "model_name_or_path" for p in problems or [])  # the loader's problem with its value
+    if "model_name_or_path" not in recipe.values and not named:
         missing = "`model_name_or_path` is missing - name a model to train"
         found.append(Problem(None, missing, str(recipe.path or "recipe")))
     if recipe.command == "rl":

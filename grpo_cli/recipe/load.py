@@ -210,12 +210,36 @@ def recipe_text(path: Path) -> str:
         raise UserError(f"{path}: cannot read it ({err.strerror})") from None
 
 
+MAX_YAML_VALUES = 100_000  # values a recipe's YAML may expand to, aliases counted each time they are used
+
+
+def _expanded_size(node, sizes: dict) -> int:
+    """How many values `node` holds once every alias is expanded (each distinct node sized once: an alias bomb of a
+    few lines is sized in as many steps, not in the 10^9 values it would build)."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    sizes[id(node)] = 1  # a node that holds itself counts once
+    if isinstance(node, yaml.SequenceNode):
+        size = 1 + sum(_expanded_size(child, sizes) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size = 1 + sum(_expanded_size(k, sizes) + _expanded_size(v, sizes) for k, v in node.value)
+    else:
+        size = 1
+    sizes[id(node)] = size
+    return size
+
+
 def _read_yaml(path: Path) -> tuple[dict, dict[str, int], list[Problem]]:
     """Top-level mapping of a YAML file, the line of each key, and problems (duplicates)."""
     text = recipe_text(path)
     loader = YAML_LOADER(text)  # the safe loader (libyaml's where it is built); the text is parsed once
     try:
         node = loader.get_single_node()  # the key nodes hold their lines
+        if node is not None and _expanded_size(node, {}) > MAX_YAML_VALUES:
+            raise UserError(
+                f"{path}: its aliases (`*name`) expand to more than {MAX_YAML_VALUES:,} values - a recipe holds "
+                "flat `key: value` lines; write the values out"
+            )
         data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
@@ -333,6 +357,14 @@ def coerce(value: Any, spec: dict) -> Any:
     raise ValueError(_type_name(spec))
 
 
+# Keys TRL types as optional whose null no run can use: a recipe must give them a value or leave them out.
+NEEDS_A_VALUE = frozenset({"model_name_or_path", "output_dir", "num_generations", "max_completion_length", "task"})
+
+
+def _shown_default(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 MAX_UNKNOWN_KEYS = 20  # named one by one; more are counted
 
 
@@ -442,6 +474,12 @@ def read_recipe(
             unknown += 1
             if unknown <= MAX_UNKNOWN_KEYS:  # named with a suggestion each; past that, counted
                 problems.append(Problem(key, _unknown_key_problem(key, command), where, lines.get(key)))
+            continue
+        if value is None and (not keys[key].get("optional") or key in NEEDS_A_VALUE):
+            default = keys[key].get("default")
+            fix = "" if default is None else f", or remove the line for the default ({_shown_default(default)})"
+            problem = f"`{key}` has no value (null) - give {_type_name(keys[key])}{fix}"
+            problems.append(Problem(key, problem, where, lines.get(key)))
             continue
         try:
             values[key] = coerce(value, keys[key])

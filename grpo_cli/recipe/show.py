@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 from rich.table import Table
 
-from grpo_cli.console import console
+from grpo_cli.console import console, escape
 from grpo_cli.errors import UserError
 from grpo_cli.recipe import schema
 from grpo_cli.recipe.check import Plan, check_recipe
@@ -74,15 +74,15 @@ def print_keys(command: str, search: str | None) -> None:
 def print_plan(recipe: Recipe, plan: Plan) -> None:
     """The plan as a table: what, its value, and where the value came from (file:line, command line, grpo's or the
     machine's default, or the library's `default`)."""
-    table = Table(title=f"Plan: {recipe.name}", title_justify="left")
+    table = Table(title=f"Plan: {escape(recipe.name)}", title_justify="left")
     table.add_column("", style="bold")
     table.add_column("value", overflow="fold")
     table.add_column("from", overflow="fold", style="dim")
     for what, value in plan.rows:
-        table.add_row(what, value, plan.sources.get(what, ""))
+        table.add_row(what, escape(value), escape(plan.sources.get(what, "")))  # paths and text, never markup
     console.print(table)
     for warning in plan.warnings:
-        console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
+        console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
 
 
 def check_and_show(

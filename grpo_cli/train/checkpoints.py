@@ -18,7 +18,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from grpo_cli.console import console
+from grpo_cli.console import console, escape
 from grpo_cli.errors import UserError
 from grpo_cli.models import checkpoint_folders, damaged_weights
 
@@ -82,7 +82,7 @@ def resume_point(
     found = checkpoints(output_dir)
     for partial in [p for p in found if not is_complete(p)]:
         if main:
-            console.print(f"[yellow]removing {partial}: it was cut short while saving and cannot be resumed[/]")
+            console.print(f"[yellow]removing {escape(str(partial))}: it was cut short while saving and cannot be resumed[/]")
             shutil.rmtree(partial, ignore_errors=True)
     found = [p for p in found if is_complete(p)]
     if not found:
@@ -103,7 +103,7 @@ def resume_point(
                 f"{step + max(step // 2, 1)}); to start over, add --no-resume --overwrite"
             )
         if main:
-            console.print(f"[bold]resuming[/] from {latest} (use --no-resume to start over)")
+            console.print(f"[bold]resuming[/] from {escape(str(latest))} (use --no-resume to start over)")
         return latest
     if not overwrite:
         raise UserError(
@@ -114,7 +114,7 @@ def resume_point(
     if main:
         for path in found:
             shutil.rmtree(path)
-        console.print(f"[yellow]deleted {len(found)} old checkpoint(s) in {output_dir}[/]")
+        console.print(f"[yellow]deleted {len(found)} old checkpoint(s) in {escape(str(output_dir))}[/]")
     return None
 
 

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from grpo_cli.atomic import json_text, replace_folder, write_text
-from grpo_cli.console import console
+from grpo_cli.console import console, escape
 from grpo_cli.engine.attention import use_cudnn_attention
 from grpo_cli.errors import UserError
 from grpo_cli.launch import is_main_process
@@ -160,7 +160,7 @@ class TrainingRun:
                 raise
             raise UserError(disk_full_problem(self.output_dir)) from None
         if trainer.accelerator.is_main_process:
-            console.print(f"[bold green]saved[/] {self.output_dir}")
+            console.print(f"[bold green]saved[/] {escape(str(self.output_dir))}")
         self._report(trainer)
         return self.output_dir
 
