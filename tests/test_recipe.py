@@ -460,3 +460,36 @@ def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
     assert run.returncode == 2 and "expand to more than 100,000 values" in run.stderr
     aliased = write(tmp_path, "model_name_or_path: m\nlora_target_modules: &t [q_proj, v_proj]\n", name="ok.yaml")
     assert load_recipe(str(aliased), [], "rl").values["lora_target_modules"] == ["q_proj", "v_proj"]
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["--top_k", "-5"], "top_k"), (["--seed", "-1"], "seed"), (["--seed", str(2**70)], "seed"),
+        (["--repetition_penalty", "0"], "repetition_penalty"), (["--min_p", "2"], "min_p"),
+        (["--steps_per_generation", "0"], "steps_per_generation"), (["--num_iterations", "0"], "num_iterations"),
+        (["--use_peft", "true", "--lora_r", "0"], "lora_r"), (["--output_dir", ""], "output_dir"),
+        (["--max_steps", "-1", "--num_train_epochs", "0"], "num_train_epochs"),
+    ],
+)  # fmt: skip
+def test_values_training_would_reject_are_named_at_check(tmp_path, overrides, key):
+    from grpo_cli.recipe import check_recipe
+
+    path = write(tmp_path, "model_name_or_path: m\n")
+    with pytest.raises(UserError) as raised:
+        check_recipe(load_recipe(str(path), overrides, "rl"))
+    assert any(f"`{key}`" in problem for problem in raised.value.problems), raised.value.problems
+
+
+def test_nan_values_and_a_model_that_is_a_file_are_named_at_check(tmp_path):
+    from grpo_cli.recipe import check_recipe
+
+    path = write(tmp_path, "model_name_or_path: m\nweight_decay: .nan\nbeta: .inf\n")
+    with pytest.raises(UserError) as raised:
+        check_recipe(load_recipe(str(path), [], "rl"))
+    assert [p.split(": ")[1].split(" ")[0] for p in raised.value.problems] == ["`weight_decay`", "`beta`"]
+    with pytest.raises(UserError, match="is a file - give the model's folder"):
+        check_recipe(load_recipe(str(path), ["--model_name_or_path", str(path), "--weight_decay", "0", "--beta", "0"]))
+    sft = write(tmp_path, "model_name_or_path: m\nmax_length: 0\n", name="sft.yaml")
+    with pytest.raises(UserError, match="`max_length` is 0"):
+        check_recipe(load_recipe(str(sft), [], "sft"))

@@ -136,6 +136,25 @@ VALUE_RULES = {
         lambda v: isinstance(v, int) and (v > 0 or v == -1),
         "a whole number above 0, or -1 for `num_train_epochs`",
     ),
+    "top_k": (_int_at_least(0), "a whole number of at least 0 (0: no top-k)"),
+    "top_p": (lambda v: _finite_at_least(0.0, above=True)(v) and v <= 1, "a number above 0 and at most 1"),
+    "min_p": (lambda v: _finite_at_least(0.0)(v) and v <= 1, "a number from 0 to 1"),
+    "repetition_penalty": (_finite_at_least(0.0, above=True), "a finite number above 0 (1: none)"),
+    # numpy's and torch's seeding take 0 to 2^32 - 1
+    "seed": (lambda v: _int_at_least(0)(v) and v < 2**32, "a whole number from 0 to 4294967295"),
+    "steps_per_generation": (_int_at_least(1), "a whole number of at least 1"),
+    "generation_batch_size": (_int_at_least(1), "a whole number of at least 1"),
+    "num_iterations": (_int_at_least(1), "a whole number of at least 1"),
+    "lora_r": (_int_at_least(1), "a whole number of at least 1"),
+    "lora_alpha": (_int_at_least(1), "a whole number of at least 1"),
+    "lora_dropout": (lambda v: _finite_at_least(0.0)(v) and v < 1, "a number from 0 up to (not including) 1"),
+    "max_length": (_int_at_least(1), "a whole number of tokens of at least 1"),
+    "weight_decay": (_finite_at_least(0.0), "a finite number of at least 0"),
+    "beta": (_finite_at_least(0.0), "a finite number of at least 0 (0: no KL term)"),
+    "epsilon": (_finite_at_least(0.0), "a finite number of at least 0"),
+    "epsilon_high": (_finite_at_least(0.0), "a finite number of at least 0"),
+    "num_train_epochs": (_finite_at_least(0.0), "a finite number of at least 0"),
+    "output_dir": (lambda v: isinstance(v, str) and v.strip() != "", "a folder path (it is empty)"),
     # below 1 a share of the run's steps, else a number of steps
     "save_steps": (lambda v: _steps_or_share(v), "a whole number of steps, or a share of the run below 1"),
     "logging_steps": (lambda v: _steps_or_share(v), "a whole number of steps, or a share of the run below 1"),
@@ -148,7 +167,23 @@ def _value_problems(recipe: Recipe) -> list[Problem]:
     for key, (test, must) in VALUE_RULES.items():
         if key in recipe.values and recipe.values[key] is not None and not test(recipe.values[key]):
             problems.append(Problem(key, f"`{key}` is {recipe.values[key]!r}: it must be {must}"))
-    buffer, limit = recipe.values.get("overlong_buffer"), recipe.resolved().get("max_completion_length")
+    resolved = recipe.resolved()
+    if resolved.get("max_steps") == -1 and _finite_at_least(0.0)(resolved.get("num_train_epochs")) and not (
+        resolved["num_train_epochs"] > 0
+    ):
+        problems.append(Problem(
+            "num_train_epochs",
+            "`num_train_epochs` is 0 and `max_steps` -1 (train by epochs): the run would train no step - set "
+            "`max_steps` or `num_train_epochs` above 0",
+        ))
+    model = resolved.get("model_name_or_path")
+    if isinstance(model, str) and Path(model).expanduser().is_file():
+        problems.append(Problem(
+            "model_name_or_path",
+            f"`model_name_or_path` {model} is a file - give the model's folder (the one holding config.json), a "
+            "Hub id or a demo model's name",
+        ))
+    buffer, limit = recipe.values.get("overlong_buffer"), resolved.get("max_completion_length")
     if _int_at_least(1)(buffer) and _int_at_least(1)(limit) and buffer > limit:
         problems.append(Problem(
             "overlong_buffer",
