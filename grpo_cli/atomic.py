@@ -26,10 +26,29 @@ def write_bytes(path: str | Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
+        readable_as_umask_says(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def readable_as_umask_says(path: str | Path, folder: bool = False) -> None:
+    """Give a file or folder made by `tempfile` (mode 0600 or 0700, private) the mode a plain `open` or `mkdir` gives
+    under this process's umask, so that what grpo writes is as readable as any other file the user makes."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, (0o777 if folder else 0o666) & ~mask)
+
+
+def readable_tree(folder: str | Path) -> None:
+    """`readable_as_umask_says` for a folder and everything in it (libraries save some files private: safetensors'
+    weights are 0600)."""
+    folder = Path(folder)
+    readable_as_umask_says(folder, folder=True)
+    for item in folder.rglob("*"):
+        if not item.is_symlink():
+            readable_as_umask_says(item, folder=item.is_dir())
 
 
 def old_folder_name(target: Path) -> Path:

@@ -16,7 +16,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from grpo_cli.atomic import check_writable, replace_folder
+from grpo_cli.atomic import check_writable, readable_tree, replace_folder
 from grpo_cli.errors import UserError
 from grpo_cli.models import find_adapter, load_tokenizer, quiet_progress_bars, resolve_model
 
@@ -249,6 +249,7 @@ def merge_adapter(
         )
         report.files = sorted(p.name for p in staging.iterdir()) + ["merge.json"]
         (staging / "merge.json").write_text(json.dumps(asdict(report), indent=1) + "\n")
+        readable_tree(staging)  # a server running as another user reads the merged model
         replace_folder(staging, out)  # an existing output (allowed by --force) goes only after the swap
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

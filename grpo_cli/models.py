@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_cli.atomic import replace_folder
+from grpo_cli.atomic import readable_tree, replace_folder
 from grpo_cli.errors import UserError
 
 
@@ -188,6 +188,7 @@ def _prepare(demo: DemoModel, target: Path) -> None:
                 model, tokenizer = _load_gguf(gguf_path, demo)
             step = progress.add_task("save safetensors", total=1)
             _save_plain(model, tokenizer, work / "model", demo)
+            readable_tree(work / "model")
             replace_folder(work / "model", target)  # with force, over an earlier complete copy
             progress.update(step, completed=1)
     finally:

@@ -79,3 +79,19 @@ def test_a_read_only_output_is_refused(tmp_path, tiny_model_dir, tiny_adapter_di
     for proc in (merged, data):
         assert proc.returncode == 2, proc.stderr
         assert "is not writable" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_written_files_are_as_readable_as_the_umask_says(tmp_path):
+    import os
+
+    from grpo_cli.atomic import write_text
+
+    before = os.umask(0o022)
+    try:
+        write_text(tmp_path / "a.json", "{}")
+        os.umask(0o077)
+        write_text(tmp_path / "b.json", "{}")
+    finally:
+        os.umask(before)
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o644  # tempfile alone leaves 0600
+    assert (tmp_path / "b.json").stat().st_mode & 0o777 == 0o600

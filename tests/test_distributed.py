@@ -22,31 +22,6 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
-def test_two_processes_train_like_one(tmp_path, tiny_model_dir):
-    path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nlora_r: 4\n")
-    # accelerate 1.15 runs `--cpu --num_processes 2` as ONE process (its simple launcher); `--multi_gpu` starts two
-    # through torchrun, and with no GPU grpo makes them one gloo (MULTI_CPU) group (`use_cpu`).
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
-        "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "grpo_cli", "rl", "-c", str(path),
-    ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    run = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = tmp_path / "rl"
-    # One console: the plan and each metrics line appear once, not once per process.
-    assert run.stderr.count("Plan: rl") == 1
-    assert run.stderr.count("step 1/2 |") == 1 and run.stderr.count("step 2/2 |") == 1
-    # One rollouts file with the global batch of each step: 4 per device x 2 processes.
-    rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
-    assert len(rollouts) == 2 * 8
-    assert sorted({r["step"] for r in rollouts}) == [0, 1]
-    summary = json.loads((out / "train_summary.json").read_text())
-    assert summary["num_processes"] == 2
-    assert state(out / "checkpoint-2")["global_step"] == 2  # the same final step count as one process
-    assert (out / "adapter_model.safetensors").is_file()
-
-
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -77,6 +52,48 @@ def same_rollouts(a: list[dict], b: list[dict]) -> bool:
 
 
 SAMPLER = "rollout_engine: grpo\n"
+
+
+def test_two_processes_train_like_one_and_sample_alike_under_ddp_and_zero3(tmp_path, tiny_model_dir):
+    """Two DDP processes keep one console, one rollouts file and the one process's step count. With grpo's sampler,
+    each process sampling its own prompts, two ZeRO-3 processes (the weights and adapters gathered from two shards)
+    give the same completions and rewards as DDP, step for step. Against one process of the same seed each step
+    trains on the same prompts; the completions differ, as each process draws from its own random stream."""
+    lora = "use_peft: true\nlora_r: 4\ngradient_checkpointing_kwargs: {use_reentrant: true}\n"
+    # reentrant checkpointing (LoRA under ZeRO-3 needs it) with DDP needs DDP told that every parameter is used
+    path = recipe_file(tmp_path, tiny_model_dir, "rl", lora + "ddp_find_unused_parameters: false\n" + SAMPLER)
+    # accelerate 1.15 runs `--cpu --num_processes 2` as ONE process (its simple launcher); `--multi_gpu` starts two
+    # through torchrun, and with no GPU grpo makes them one gloo (MULTI_CPU) group (`use_cpu`).
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+        "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+        "-m", "grpo_cli", "rl", "-c", str(path),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = tmp_path / "rl"
+    # One console: the plan and each metrics line appear once, not once per process.
+    assert run.stderr.count("Plan: rl") == 1
+    assert run.stderr.count("step 1/2 |") == 1 and run.stderr.count("step 2/2 |") == 1
+    assert "rollouts through TRL's generation" not in run.stderr
+    # One rollouts file with the global batch of each step: 4 per device x 2 processes.
+    ddp_rows = rollouts(out)
+    assert len(ddp_rows) == 2 * 8
+    assert sorted({r["step"] for r in ddp_rows}) == [0, 1]
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["num_processes"] == 2
+    assert state(out / "checkpoint-2")["global_step"] == 2  # the same final step count as one process
+    assert (out / "adapter_model.safetensors").is_file()
+    assert len({r["rewards"]["vowel_share"] for r in ddp_rows}) > 1  # the rewards varied: the adapters moved
+
+    _launch_zero3(path, "--output_dir", str(tmp_path / "zero3"), processes=2)
+    assert same_rollouts(ddp_rows, rollouts(tmp_path / "zero3"))
+    one = rollouts(train(path, "rl", ["--output_dir", str(tmp_path / "one"), "--per_device_train_batch_size", "8"]))
+    for step in range(2):
+        assert sorted(r["prompt"] for r in one if r["step"] == step) == sorted(
+            r["prompt"] for r in ddp_rows if r["step"] == step
+        )
 
 
 def test_zero3_saves_whole_weights_resumes_and_merges(tmp_path, tiny_model_dir):
@@ -115,30 +132,3 @@ def test_zero3_saves_whole_weights_resumes_and_merges(tmp_path, tiny_model_dir):
     report = merge_adapter(tmp_path / "lora" / "rl", tmp_path / "merged")
     assert report.changed_modules == report.lora_modules > 0
 
-
-def test_two_processes_sample_alike_under_ddp_and_zero3(tmp_path, tiny_model_dir):
-    """grpo's sampler on two processes, each sampling its own prompts: DDP (whole weights on each) and ZeRO-3
-    (gathered from two shards) give the same completions and rewards step for step. Against one process of the same
-    seed, each step trains on the same prompts; the completions differ, as each process draws from its own random
-    stream (its first tokens are the one process's)."""
-    recipe = recipe_file(tmp_path, tiny_model_dir, "rl", SAMPLER)
-    two = ["--per_device_train_batch_size", "2", "--max_steps", "3"]  # 2 per process x 2: the one process's 4
-    ddp = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
-        "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-        "-m", "grpo_cli", "rl", "-c", str(recipe), "--output_dir", str(tmp_path / "ddp"), *two,
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    run = subprocess.run(ddp, check=False, capture_output=True, text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "rollouts through TRL's generation" not in run.stderr
-    _launch_zero3(recipe, "--output_dir", str(tmp_path / "zero3"), *two, processes=2)
-    ddp_rows, zero3_rows = rollouts(tmp_path / "ddp"), rollouts(tmp_path / "zero3")
-    assert len(ddp_rows) == 3 * 4 and same_rollouts(ddp_rows, zero3_rows)
-    assert len({r["rewards"]["vowel_share"] for r in ddp_rows}) > 1  # the rewards varied: the weights moved
-
-    one = rollouts(train(recipe, "rl", ["--output_dir", str(tmp_path / "one"), "--max_steps", "3"]))
-    for step in range(3):
-        assert sorted(r["prompt"] for r in one if r["step"] == step) == sorted(
-            r["prompt"] for r in ddp_rows if r["step"] == step
-        )

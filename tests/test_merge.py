@@ -75,6 +75,17 @@ def test_merged_model_loads_alone_and_generates_like_base_plus_adapter(merged, r
     assert not torch.equal(alone.state_dict()[name].cpu(), base.state_dict()[name])
 
 
+def test_the_merged_folder_is_as_readable_as_the_umask_says(merged):
+    """A server running as another user reads the merged model: the folder is not left private (tempfile's 0700)."""
+    import os
+
+    _, out = merged
+    mask = os.umask(0)
+    os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~mask
+    assert all(f.stat().st_mode & 0o777 == 0o666 & ~mask for f in out.iterdir() if f.is_file())
+
+
 def test_merge_refuses_to_overwrite(merged, run_dir):
     _, out = merged
     before = (out / "merge.json").read_text()

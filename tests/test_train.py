@@ -88,6 +88,10 @@ def test_grpo_lora_trains_logs_rewards_and_saves_adapter(tmp_path, tiny_model_di
     assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
     assert (out / "tokenizer_config.json").is_file()
     assert "<|im_start|>" in (out / "chat_template.jinja").read_text()  # the template the run used
+    mask = os.umask(0)
+    os.umask(mask)
+    for name in ("adapter_model.safetensors", "recipe.yaml", "train_summary.json"):  # not left private (0600)
+        assert (out / name).stat().st_mode & 0o777 == 0o666 & ~mask, name
     rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     assert len(rollouts) == 2 * 4  # 2 steps x (4 completions per generation batch)
     assert set(rollouts[0]["rewards"]) >= {"countdown_format", "countdown_equation"}

@@ -6,7 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-from grpo_cli.atomic import json_text, replace_folder, write_text
+from grpo_cli.atomic import json_text, readable_tree, replace_folder, write_text
 from grpo_cli.console import console, escape
 from grpo_cli.engine.attention import use_cudnn_attention
 from grpo_cli.errors import UserError
@@ -218,6 +218,7 @@ class TrainingRun:
         trainer.save_model(str(staging))
         if trainer.accelerator.is_main_process:
             self.tokenizer.save_pretrained(str(staging))
+            readable_tree(staging)  # the final model, as readable as the user's umask makes their own files
             for item in staging.iterdir():
                 target = self.output_dir / item.name
                 if item.is_dir() and target.is_dir() and not target.is_symlink():
