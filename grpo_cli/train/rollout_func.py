@@ -33,11 +33,6 @@ from grpo_cli.trl_private import generate_single_turn, is_vision_language, text_
 logger = logging.getLogger("grpo_cli.train.rollout_func")
 
 
-def _policy(model):
-    """The model without its distributed and PEFT wrappers (LoRA layers stay in place)."""
-    return without_peft_wrapper(model)
-
-
 def sharding(trainer) -> str | None:
     """How the launcher holds the trainer's weights: None (whole, one process or DDP), "zero1"/"zero2"/"zero3", or
     "fsdp"."""
@@ -55,7 +50,7 @@ def trainer_fallback_reason(trainer) -> str | None:
         return reason
     if trainer.tools or getattr(trainer, "environment_factories", None) or is_vision_language(trainer):
         return "tools, environments and images need TRL's generation loop"
-    return unsupported_reason(_policy(trainer.accelerator.unwrap_model(trainer.model)))
+    return unsupported_reason(without_peft_wrapper(trainer.accelerator.unwrap_model(trainer.model)))
 
 
 def _tokenize_distinct(prompts: list, trainer):
@@ -119,7 +114,7 @@ class StaticCacheRollout:
         if held is None or not trainer.accelerator.is_main_process:
             return
         if held == "zero3":
-            whole = gathered_bytes(_policy(trainer.accelerator.unwrap_model(trainer.model)))
+            whole = gathered_bytes(without_peft_wrapper(trainer.accelerator.unwrap_model(trainer.model)))
             how = f"the ZeRO-3 weights gathered once per generation batch ({whole / 2**30:.2f} GiB per process)"
         else:
             how = f"DeepSpeed ZeRO-{held[-1]}'s whole weights on every process"
@@ -143,9 +138,9 @@ class StaticCacheRollout:
         not fit in the GPU memory free on some process (every process then takes TRL's path alike)."""
         model = trainer.accelerator.unwrap_model(trainer.model)
         if sharding(trainer) != "zero3":
-            yield _policy(model)
+            yield without_peft_wrapper(model)
             return
-        fits = self._gather_fits(trainer, _policy(model), prompt_ids)
+        fits = self._gather_fits(trainer, without_peft_wrapper(model), prompt_ids)
         if not fits:
             yield None
             return
@@ -157,7 +152,7 @@ class StaticCacheRollout:
             gather_deepspeed3_params=True,
             gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
         ) as whole:
-            yield _policy(whole)
+            yield without_peft_wrapper(whole)
 
     def _gather_fits(self, trainer, policy, prompt_ids: list[list[int]]) -> bool:
         """Whether every process has the GPU memory free for the gathered weights and one prompt's completions'
@@ -171,11 +166,11 @@ class StaticCacheRollout:
             rows = min(len(prompt_ids), trainer.num_generations)
             need += rows * row_bytes(policy, max(map(len, prompt_ids)), trainer.max_completion_length)
             free = free_gpu_bytes(device)
-        fits = torch.tensor([free is None or need <= free], device=trainer.accelerator.device)
-        fits = bool(trainer.accelerator.gather(fits).all())
+        here = free is None or need <= free
+        fits = bool(trainer.accelerator.gather(torch.tensor([here], device=trainer.accelerator.device)).all())
         if not fits and not self.said_no_gather:
             self.said_no_gather = True
-            where = f"{free / 2**30:.1f} GiB free" if free is not None else "the memory free on another process"
+            where = "less free on another process" if here else f"{free / 2**30:.1f} GiB free"
             logger.warning(
                 "rollouts through TRL's generation without gathering the weights (each layer fetched at every "
                 "decode step, much slower): the gathered ZeRO-3 weights and the rollout's cache need %.1f GiB, and "
@@ -193,7 +188,7 @@ def static_rollout(args, rollout_engine: str, model) -> StaticCacheRollout | Non
     sampler does not cover, said once)."""
     if rollout_engine != "grpo" or args.use_vllm:
         return None
-    reason = unsupported_reason(_policy(model))
+    reason = unsupported_reason(without_peft_wrapper(model))
     if reason:
         logger.info("rollouts through TRL's generation: %s", reason)
         return None
