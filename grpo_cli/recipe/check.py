@@ -168,9 +168,7 @@ def _value_problems(recipe: Recipe) -> list[Problem]:
         if key in recipe.values and recipe.values[key] is not None and not test(recipe.values[key]):
             problems.append(Problem(key, f"`{key}` is {recipe.values[key]!r}: it must be {must}"))
     resolved = recipe.resolved()
-    if resolved.get("max_steps") == -1 and _finite_at_least(0.0)(resolved.get("num_train_epochs")) and not (
-        resolved["num_train_epochs"] > 0
-    ):
+    if resolved.get("max_steps") == -1 and resolved.get("num_train_epochs") == 0:
         problems.append(Problem(
             "num_train_epochs",
             "`num_train_epochs` is 0 and `max_steps` -1 (train by epochs): the run would train no step - set "
