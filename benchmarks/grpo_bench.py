@@ -115,6 +115,9 @@ CONFIGS = {
     # LoRA of rank 16 on every linear layer, the same adapter on both sides
     "trl-lora16": ("trl", {"lora": LORA16}),
     "grpo-lora16": ("grpo", {"micro_batch": "recipe", "lora": LORA16}),
+    # one process under configs/accelerate/zero2.yaml (DeepSpeed ZeRO-2: the weights whole), full fine-tuning
+    "trl-zero2": ("trl", {"accelerate": "zero2"}),
+    "grpo-zero2": ("grpo", {"micro_batch": "recipe", "accelerate": "zero2"}),
     # one process under configs/accelerate/zero3.yaml (DeepSpeed ZeRO-3), full fine-tuning, on both sides
     "trl-zero3": ("trl", {"accelerate": "zero3"}),
     "grpo-zero3": ("grpo", {"micro_batch": "recipe", "accelerate": "zero3"}),
