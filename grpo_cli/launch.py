@@ -346,7 +346,8 @@ def launch_warnings(recipe_values: dict, accelerate_config: dict | None) -> list
     deepspeed = accelerate_config.get("deepspeed_config") or {}
     warnings: list[str] = []
 
-    reentrant = (v.get("gradient_checkpointing_kwargs") or {}).get("use_reentrant") is True
+    checkpointing = v.get("gradient_checkpointing_kwargs")
+    reentrant = isinstance(checkpointing, dict) and checkpointing.get("use_reentrant") is True
     if stage == 3 and v.get("use_peft") and v.get("gradient_checkpointing", True) and not reentrant:
         warnings.append(
             "use_peft with DeepSpeed ZeRO-3 and gradient_checkpointing needs reentrant checkpointing (TRL "

@@ -493,3 +493,21 @@ def test_nan_values_and_a_model_that_is_a_file_are_named_at_check(tmp_path):
     sft = write(tmp_path, "model_name_or_path: m\nmax_length: 0\n", name="sft.yaml")
     with pytest.raises(UserError, match="`max_length` is 0"):
         check_recipe(load_recipe(str(sft), [], "sft"))
+
+
+def test_gradient_checkpointing_kwargs_are_judged_as_torch_checkpoint_takes_them(tmp_path):
+    from grpo_cli.recipe import check_recipe
+
+    path = write(tmp_path, "model_name_or_path: m\n")
+    for given, says in [
+        ("{use_reentrant:true}", "YAML needs a space after the colon"),
+        ("{use_reentrant: 1}", "use_reentrant: 1: it must be true or false"),
+        ("{reentrant: true}", "torch's checkpoint takes use_reentrant"),
+        ("true", "it must be a mapping"),
+    ]:
+        with pytest.raises(UserError) as raised:
+            check_recipe(load_recipe(str(path), ["--gradient_checkpointing_kwargs", given], "rl"))
+        assert any(says in problem for problem in raised.value.problems), (given, raised.value.problems)
+    kept = load_recipe(str(path), ["--gradient_checkpointing_kwargs", "{use_reentrant: true}"], "rl")
+    check_recipe(kept)
+    assert kept.values["gradient_checkpointing_kwargs"] == {"use_reentrant": True}

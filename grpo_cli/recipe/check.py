@@ -160,6 +160,38 @@ VALUE_RULES = {
     "logging_steps": (lambda v: _steps_or_share(v), "a whole number of steps, or a share of the run below 1"),
 }
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# The keyword arguments torch.utils.checkpoint takes from `gradient_checkpointing_kwargs`, and their values.
+CHECKPOINT_KWARGS = {
+    "use_reentrant": (lambda v: isinstance(v, bool), "true or false"),
+    "preserve_rng_state": (lambda v: isinstance(v, bool), "true or false"),
+    "debug": (lambda v: isinstance(v, bool), "true or false"),
+    "early_stop": (lambda v: isinstance(v, bool), "true or false"),
+    "determinism_check": (lambda v: v in ("default", "none"), "default or none"),
+}
+
+
+def _checkpoint_kwargs_problem(value) -> str | None:
+    """What is wrong with a `gradient_checkpointing_kwargs` value (None: nothing), as torch's checkpoint would say it
+    at the first forward pass."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        return f"`gradient_checkpointing_kwargs` is {value!r}: it must be a mapping, e.g. {{use_reentrant: true}}"
+    for key, item in value.items():
+        if key not in CHECKPOINT_KWARGS:
+            hint = (
+                " (YAML needs a space after the colon: {use_reentrant: true})"
+                if isinstance(key, str) and ":" in key
+                else ""
+            )
+            return (
+                f"`gradient_checkpointing_kwargs` has the key {key!r}{hint}: torch's checkpoint takes "
+                f"{', '.join(CHECKPOINT_KWARGS)}"
+            )
+        test, must = CHECKPOINT_KWARGS[key]
+        if not test(item):
+            return f"`gradient_checkpointing_kwargs` has {key}: {item!r}: it must be {must}"
+    return None
 
 
 def _value_problems(recipe: Recipe) -> list[Problem]:
@@ -174,6 +206,9 @@ def _value_problems(recipe: Recipe) -> list[Problem]:
             "`num_train_epochs` is 0 and `max_steps` -1 (train by epochs): the run would train no step - set "
             "`max_steps` or `num_train_epochs` above 0",
         ))
+    checkpoint_problem = _checkpoint_kwargs_problem(recipe.values.get("gradient_checkpointing_kwargs"))
+    if checkpoint_problem:
+        problems.append(Problem("gradient_checkpointing_kwargs", checkpoint_problem))
     model = resolved.get("model_name_or_path")
     if isinstance(model, str) and Path(model).expanduser().is_file():
         problems.append(Problem(
