@@ -511,3 +511,22 @@ def test_gradient_checkpointing_kwargs_are_judged_as_torch_checkpoint_takes_them
     kept = load_recipe(str(path), ["--gradient_checkpointing_kwargs", "{use_reentrant: true}"], "rl")
     check_recipe(kept)
     assert kept.values["gradient_checkpointing_kwargs"] == {"use_reentrant": True}
+
+
+def test_keys_that_need_a_gpu_are_named_at_check_on_a_machine_without_one(tmp_path):
+    from grpo_cli.recipe import check_recipe
+    from grpo_cli.recipe.hardware import Hardware
+
+    path = write(tmp_path, "model_name_or_path: m\n")
+    cpu, gpu = Hardware(gpu=False), Hardware(gpu=True)
+    for key in ("fp16", "load_in_4bit", "use_vllm", "use_liger_kernel", "bf16"):
+        with pytest.raises(UserError) as raised:
+            check_recipe(load_recipe(str(path), [f"--{key}", "true"], "rl", hardware=cpu))
+        assert [p for p in raised.value.problems if f"`{key}` is true and this machine has no CUDA GPU" in p]
+        check_recipe(load_recipe(str(path), [f"--{key}", "true"], "rl", hardware=gpu))
+    with pytest.raises(UserError, match="`fp16` is true and `use_cpu` is true"):
+        check_recipe(load_recipe(str(path), ["--fp16", "true", "--use_cpu", "true"], "rl", hardware=gpu))
+    check_recipe(load_recipe(str(path), ["--bf16", "true", "--use_cpu", "true"], "rl", hardware=cpu))
+    sft = write(tmp_path, "model_name_or_path: m\nbf16: true\n", name="sft.yaml")
+    with pytest.raises(UserError, match="set `use_cpu: true`, or `bf16: false`"):
+        check_recipe(load_recipe(str(sft), [], "sft", hardware=cpu))
