@@ -92,6 +92,13 @@ def write_jsonl(path: str | Path, rows: list[dict]) -> None:
     write_text(path, "".join(json_text(row) + "\n" for row in rows))
 
 
+def refuse_to_replace(path: str | Path, option: str, force: bool) -> None:
+    """Every command that writes a file keeps one that exists unless told `--force` (as `grpo merge` keeps a folder)."""
+    target = Path(path).expanduser()
+    if target.is_file() and not force:
+        raise UserError(f"{option} {path} already exists - choose another path, or pass --force to replace it")
+
+
 def check_writable(path: str | Path, option: str, folder: bool = False) -> None:
     """Refuse, before any work, an output path that cannot be written: a folder where a file goes (or a file where a
     folder goes), a path under a file, a folder that is not writable. `option` names it in the message."""

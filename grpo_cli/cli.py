@@ -374,10 +374,10 @@ def report(
 @app.command("tasks")
 def tasks_list() -> None:
     """List the tasks: default dataset, the answer columns they need, their default rewards."""
-    from grpo_cli.console import console
+    from grpo_cli.console import output
     from grpo_cli.tasks import task_table
 
-    console.print(task_table())
+    output.print(task_table())
 
 
 data_app = typer.Typer(help="Make training data without a download.", no_args_is_help=True)
@@ -395,13 +395,14 @@ def data_countdown(
     max_numbers: Annotated[int, typer.Option("--max-numbers", help="Most numbers per task.")] = 4,
     max_number: Annotated[int, typer.Option("--max-number", help="Largest given number.")] = 99,
     max_target: Annotated[int, typer.Option("--max-target", help="Largest target.")] = 100,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")] = False,
 ) -> None:
     """Write solvable Countdown tasks, each with one reference solution (exact arithmetic, integer steps)."""
     from grpo_cli.console import console, escape
     from grpo_cli.tasks.countdown import write_generated
 
     rows = write_generated(
-        out, num, seed, min_numbers=min_numbers, max_numbers=max_numbers, max_number=max_number, max_target=max_target
+        out, num, seed, force, min_numbers=min_numbers, max_numbers=max_numbers, max_number=max_number, max_target=max_target
     )
     console.print(f"[bold green]wrote[/] {len(rows)} countdown tasks to {escape(str(out))} (seed {seed})")
 
@@ -415,14 +416,14 @@ def rewards_list(
     task: Annotated[str | None, typer.Option("--task", help="Only the rewards of this task.")] = None,
 ) -> None:
     """List the registered rewards: name, task, range, the dataset columns they read, what they check."""
-    from grpo_cli.console import console
+    from grpo_cli.console import output
     from grpo_cli.rewards.registry import reward_table
 
     if task is not None:
         from grpo_cli.tasks import get_task
 
         get_task(task)
-    console.print(reward_table(task))
+    output.print(reward_table(task))
 
 
 def _reward_setup(config: str, overrides: list[str]):
@@ -444,6 +445,7 @@ def rewards_score(
     output: Annotated[
         str | None, typer.Option("--output", "-o", help="Scored JSONL (default: standard output).")
     ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --output file.")] = False,
 ) -> None:
     """Score completions with the recipe's rewards (no model): one field per reward and the weighted total.
 
@@ -453,7 +455,7 @@ def rewards_score(
     from grpo_cli.console import console, escape
     from grpo_cli.rewards.scoring import score_file, score_table
 
-    summary = score_file(_reward_setup(config, ctx.args), input, output)
+    summary = score_file(_reward_setup(config, ctx.args), input, output, force)
     console.print(score_table(summary))
     if output is None:
         for line in summary["lines"]:
@@ -472,12 +474,12 @@ def rewards_test(
 
     For a Hub dataset, point at a local file: `grpo rewards test -c gsm8k --dataset_name tests/data/gsm8k.jsonl`.
     """
-    from grpo_cli.console import console
+    from grpo_cli.console import console, output
     from grpo_cli.rewards.scoring import reward_test_table, run_reward_test
 
     report = run_reward_test(_reward_setup(config, ctx.args), rows)
     if report.cases:
-        console.print(reward_test_table(report))
+        output.print(reward_test_table(report))
     if report.skipped_rows:
         console.print(f"{report.skipped_rows} row(s) skipped: no reference answer to write as a completion")
     if report.problems:

@@ -621,7 +621,7 @@ def print_summary(result: dict) -> None:
     """One table, one column per model, side by side."""
     from rich.table import Table
 
-    from grpo_cli.console import console
+    from grpo_cli.console import output
 
     models = result["models"]
     table = Table(
@@ -650,4 +650,4 @@ def print_summary(result: dict) -> None:
     table.add_row("completions", *(str(s["num_completions"]) for s in models))
     if any(s["skipped_prompts"] for s in models):
         table.add_row("skipped (too long)", *(str(s["skipped_prompts"]) for s in models))
-    console.print(table)
+    output.print(table)

@@ -283,7 +283,7 @@ def print_report(report: MergeReport) -> None:
     """Show the merge and its verification on the console."""
     from rich.table import Table
 
-    from grpo_cli.console import console, escape
+    from grpo_cli.console import console, escape, output
 
     table = Table(title="merge", show_header=False, title_justify="left")
     table.add_column(style="bold")
@@ -300,7 +300,7 @@ def print_report(report: MergeReport) -> None:
     )
     table.add_row("adapter effect", f"max |base+adapter - base| = {report.adapter_logit_effect:.3g}")
     table.add_row("output", escape(report.output))
-    console.print(table)
+    output.print(table)
     console.print(
         f"[bold green]merged[/] {escape(report.output)} - loads with AutoModelForCausalLM and AutoTokenizer alone"
     )

@@ -74,7 +74,7 @@ def test_two_processes_train_like_one_and_sample_alike_under_ddp_and_zero3(tmp_p
     assert run.returncode == 0, run.stderr[-3000:]
     out = tmp_path / "rl"
     # One console: the plan and each metrics line appear once, not once per process.
-    assert run.stderr.count("Plan: rl") == 1
+    assert run.stdout.count("Plan: rl") == 1
     assert run.stderr.count("step 1/2 |") == 1 and run.stderr.count("step 2/2 |") == 1
     assert "rollouts through TRL's generation" not in run.stderr
     # One rollouts file with the global batch of each step: 4 per device x 2 processes.

@@ -193,7 +193,8 @@ def test_check_cli_exit_codes_and_speed(tmp_path):
     assert "learnig_rate" in run.stderr and "torch_dtype" in run.stderr and "num_generations" in run.stderr
     good = subprocess.run([sys.executable, "-m", "grpo_cli", "check", "-c", "countdown"], capture_output=True, text=True, check=False)
     assert good.returncode == 0, good.stderr
-    assert "Qwen/Qwen2.5-3B-Instruct" in good.stderr and "effective batch" in good.stderr
+    # the plan on stdout (`grpo check -c countdown > plan.txt`), messages on stderr
+    assert "Qwen/Qwen2.5-3B-Instruct" in good.stdout and "effective batch" in good.stdout
 
 
 def test_help_does_not_import_torch():
@@ -204,15 +205,15 @@ def test_help_does_not_import_torch():
 
 
 def test_keys_list_cuts_long_help_at_a_word_and_a_search_shows_it_whole(monkeypatch, capsys):
-    from grpo_cli.console import console
+    from grpo_cli.console import output
     from grpo_cli.recipe.show import print_keys
 
-    monkeypatch.setattr(console, "width", 1000)
+    monkeypatch.setattr(output, "width", 1000)
     print_keys("rl", "activation_offloading")
-    whole = capsys.readouterr().err
+    whole = capsys.readouterr().out
     assert "activation_offloading" in whole and "(all of it with LoRA)." in whole
     print_keys("rl", None)
-    listing = capsys.readouterr().err
+    listing = capsys.readouterr().out
     row = next(line for line in listing.splitlines() if "activation_offloading" in line)
     assert "backward passes (CUDA; ..." in row and "needs" not in row  # cut before a word, not in one
 
@@ -348,7 +349,7 @@ def test_check_prints_the_machines_defaults_with_where_they_came_from(tmp_path):
     )
     assert run.returncode == 0, run.stderr
     rows = {line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:4]]
-            for line in run.stderr.splitlines() if line.count("│") >= 4}
+            for line in run.stdout.splitlines() if line.count("│") >= 4}
     assert rows["bf16"] == ["false", "hardware default (no GPU)"]
     assert rows["dataloader_pin_memory"] == ["true", "command line"]
     assert rows["use_liger_kernel"] == ["false", "recipe.yaml:3"]
@@ -403,7 +404,7 @@ def test_the_plan_says_what_samples_the_rollouts_and_why_not_grpos_sampler(tmp_p
         capture_output=True, text=True, check=False, env={**os.environ, "COLUMNS": "250"},
     )
     assert run.returncode == 0, run.stderr
-    line = next(line for line in run.stderr.splitlines() if "│ rollouts" in line)
+    line = next(line for line in run.stdout.splitlines() if "│ rollouts" in line)
     assert "TRL's generate: ds3_gather_for_generation is false" in line and "recipe.yaml:2" in line
 
 
@@ -442,7 +443,7 @@ def test_paths_and_values_are_printed_as_text_never_as_markup(tmp_path):
     check = [sys.executable, "-m", "grpo_cli", "check", "-c", str(path), "--dataset_name", "x[train]"]
     run = subprocess.run(check, capture_output=True, text=True, check=False, env=env)
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-2000:]
-    assert "x[train] [train]" in run.stderr and "out[/]x" in run.stderr and "Plan: ]" in run.stderr
+    assert "x[train] [train]" in run.stdout and "out[/]x" in run.stdout and "Plan: ]" in run.stdout
     data = [sys.executable, "-m", "grpo_cli", "data", "countdown", "-n", "4", "--out", str(tmp_path / "d[/].jsonl")]
     run = subprocess.run(data, capture_output=True, text=True, check=False, env=env)
     assert run.returncode == 0 and "d[/].jsonl" in run.stderr, run.stderr[-2000:]
@@ -518,7 +519,7 @@ def test_keys_that_need_a_gpu_are_named_at_check_on_a_machine_without_one(tmp_pa
     from grpo_cli.recipe.hardware import Hardware
 
     path = write(tmp_path, "model_name_or_path: m\n")
-    cpu, gpu = Hardware(gpu=False), Hardware(gpu=True)
+    cpu, gpu = Hardware(gpu=False), Hardware(gpu=True, training=False)  # no model config read
     for key in ("fp16", "load_in_4bit", "use_vllm", "use_liger_kernel", "bf16"):
         with pytest.raises(UserError) as raised:
             check_recipe(load_recipe(str(path), [f"--{key}", "true"], "rl", hardware=cpu))
@@ -530,3 +531,16 @@ def test_keys_that_need_a_gpu_are_named_at_check_on_a_machine_without_one(tmp_pa
     sft = write(tmp_path, "model_name_or_path: m\nbf16: true\n", name="sft.yaml")
     with pytest.raises(UserError, match="set `use_cpu: true`, or `bf16: false`"):
         check_recipe(load_recipe(str(sft), [], "sft", hardware=cpu))
+
+
+def test_lists_and_tables_go_to_stdout_whole_keys_at_80_columns():
+    env = {**os.environ, "COLUMNS": "80"}
+    keys = subprocess.run([sys.executable, "-m", "grpo_cli", "recipes", "keys", "rl"], capture_output=True, text=True,
+                          check=False, env=env)  # fmt: skip
+    assert keys.returncode == 0, keys.stderr
+    lines = [line for line in keys.stdout.splitlines() if "lora_target_modules" in line]
+    assert lines and all(len(line) <= 80 for line in keys.stdout.splitlines())
+    assert "use_transformers_continuous_batching" in keys.stdout
+    for command in (["recipes", "list"], ["tasks"], ["rewards", "list"]):
+        run = subprocess.run([sys.executable, "-m", "grpo_cli", *command], capture_output=True, text=True, check=False)
+        assert run.returncode == 0 and "│" in run.stdout and "│" not in run.stderr, (command, run.stderr)

@@ -52,6 +52,22 @@ def test_data_countdown_writes_solvable_tasks(tmp_path):
     assert len(rows) == 12 and all(len(r["nums"]) == 3 and r["solution"] for r in rows)
 
 
+def test_commands_that_write_a_file_keep_an_existing_one_without_force(tmp_path):
+    """`grpo data` and `grpo rewards score -o` refuse to replace a user's file, as `grpo merge` refuses a folder."""
+    out = tmp_path / "mine.jsonl"
+    out.write_text("precious\n")
+    with pytest.raises(UserError, match="already exists - choose another path, or pass --force"):
+        invoke("data", "countdown", "--num", "3", "--out", str(out))
+    source = DATA / "countdown_completions.jsonl"
+    with pytest.raises(UserError, match="--output .* already exists"):
+        invoke("rewards", "score", "-c", "countdown", "-i", str(source), "-o", str(out))
+    assert out.read_text() == "precious\n"
+    invoke("data", "countdown", "--num", "3", "--out", str(out), "--force")
+    assert len(read_jsonl(out)) == 3
+    invoke("rewards", "score", "-c", "countdown", "-i", str(source), "-o", str(out), "--force")
+    assert len(read_jsonl(out)) == len(read_jsonl(source))
+
+
 @pytest.mark.parametrize("recipe", sorted(RECIPE_DATA))
 def test_rewards_score_on_each_builtin_recipe(recipe, tmp_path):
     name = RECIPE_DATA[recipe]

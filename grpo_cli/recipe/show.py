@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 from rich.table import Table
 
-from grpo_cli.console import console, escape
+from grpo_cli.console import console, escape, output
 from grpo_cli.errors import UserError
 from grpo_cli.recipe import schema
 from grpo_cli.recipe.check import Plan, check_recipe
@@ -48,7 +48,7 @@ def print_recipe_list() -> None:
     table.add_column("description")
     for name, path in builtin_recipes().items():
         table.add_row(name, f"grpo {guess_command(str(path))}", description(path))
-    console.print(table)
+    output.print(table)
     console.print("Run one with `grpo rl --config NAME`; copy one with `grpo recipes show NAME > my.yaml`.")
 
 
@@ -56,7 +56,8 @@ def print_keys(command: str, search: str | None) -> None:
     if command not in schema.COMMANDS:
         raise UserError(f"unknown command `{command}` - use rl or sft")
     table = Table(title=f"Recipe keys of grpo {command}", title_justify="left")
-    for column in ("key", "from", "type", "default", "help"):
+    table.add_column("key", no_wrap=True)  # whole key names, for grep
+    for column in ("from", "type", "default", "help"):
         table.add_column(column, overflow="fold")
     for key, spec in sorted(schema.keys(command).items(), key=lambda kv: (kv[1]["group"], kv[0])):
         if search and search not in key:
@@ -68,7 +69,7 @@ def print_keys(command: str, search: str | None) -> None:
         if not search and len(text) > 120:  # the whole list stays compact; a search shows the key's whole help
             text = text[:120].rsplit(" ", 1)[0] + " ..."
         table.add_row(key, spec["group"], kind, repr(spec.get("default")), text)
-    console.print(table)
+    output.print(table)
 
 
 def print_plan(recipe: Recipe, plan: Plan) -> None:
@@ -80,7 +81,7 @@ def print_plan(recipe: Recipe, plan: Plan) -> None:
     table.add_column("from", overflow="fold", style="dim")
     for what, value in plan.rows:
         table.add_row(what, escape(value), escape(plan.sources.get(what, "")))  # paths and text, never markup
-    console.print(table)
+    output.print(table)
     for warning in plan.warnings:
         console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_cli.arguments import TaskArguments
-from grpo_cli.atomic import check_writable, write_jsonl
+from grpo_cli.atomic import check_writable, refuse_to_replace, write_jsonl
 from grpo_cli.errors import UserError
 from grpo_cli.rewards.guard import RewardGuard, build_reward_funcs
 from grpo_cli.rewards.registry import REWARDS
@@ -207,13 +207,16 @@ def _clean(value: float | None) -> float | None:
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
 
 
-def score_file(setup: RewardSetup, input_path: str | Path, output_path: str | Path | None = None) -> dict:
+def score_file(
+    setup: RewardSetup, input_path: str | Path, output_path: str | Path | None = None, force: bool = False
+) -> dict:
     """Score a completions JSONL; write each line back with one field per reward and `reward` (the weighted total).
 
     Returns {"rewards": [per-reward summary], "total": summary of the weighted totals, "lines": scored lines}.
     """
     if output_path is not None:
         check_writable(output_path, "--output")
+        refuse_to_replace(output_path, "--output", force)
     rows = read_completions(input_path, setup)
     originals = []
     with Path(input_path).open(encoding="utf-8") as lines:
