@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -215,6 +216,63 @@ def test_unknown_rewards_and_import_errors_are_user_errors(tmp_path):
     )
     with pytest.raises(UserError, match="importing .* failed .*ModuleNotFoundError"):
         resolve_reward(f"{path}:f")
+
+
+@pytest.mark.parametrize(
+    "module_level, says",
+    [
+        ("import sys\nsys.exit(0)", "exited (code 0) before it finished"),
+        ("import os\nos._exit(0)", "exited (code 0) before it finished"),
+        ("raise KeyboardInterrupt", "before it finished"),
+        ("raise SystemExit('bye')", "exited (code 1) before it finished"),
+        ("1 / 0", "failed (ZeroDivisionError: division by zero)"),
+        ("while True:\n    pass", "did not finish in 2 s - does it loop or wait at import?"),
+    ],
+)
+def test_a_reward_module_that_exits_hangs_or_raises_at_import_is_an_error_naming_it(
+    tmp_path, monkeypatch, module_level, says
+):
+    """Its import runs first in a process of its own, with a time limit: the command gets an error naming the file,
+    never an exit 0 having done nothing, a hang or a traceback."""
+    from grpo_cli.rewards import registry
+
+    monkeypatch.setattr(registry, "IMPORT_TIME_LIMIT_S", 2.0)
+    path = tmp_path / "at_import.py"
+    path.write_text(module_level + "\ndef r(prompts, completions, **kw):\n    return [0.0] * len(completions)\n")
+    with pytest.raises(UserError) as raised:
+        resolve_reward(f"{path}:r")
+    [problem] = raised.value.problems
+    assert f"importing '{path}'" in problem and says in problem, problem
+
+
+def test_what_a_reward_module_starts_at_import_is_stopped_with_its_trial_import(tmp_path, monkeypatch):
+    import os
+    import time
+
+    from grpo_cli.rewards import registry
+
+    monkeypatch.setattr(registry, "IMPORT_TIME_LIMIT_S", 2.0)
+    pid_file, child = tmp_path / "child.pid", tmp_path / "child.py"
+    child.write_text(f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)\n")
+    path = tmp_path / "starts.py"
+    path.write_text(
+        f"import subprocess, sys\nsubprocess.Popen([sys.executable, {str(child)!r}])\nwhile True:\n    pass\n"
+        "def r(prompts, completions, **kw):\n    return [0.0] * len(completions)\n"
+    )
+    with pytest.raises(UserError, match="did not finish in 2 s"):
+        resolve_reward(f"{path}:r")
+    pid = int(pid_file.read_text())
+    for _ in range(50):  # killed with its trial import's process group (a zombie until its parent reaps it)
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0]
+        except FileNotFoundError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        raise AssertionError("the process the module started outlived its trial import")
 
 
 def test_a_batch_gets_at_least_the_minimum_time(monkeypatch):

@@ -8,6 +8,11 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,7 +176,11 @@ def reward_names_problems(names: list[str], base_dir: str | Path | None = None) 
                     where = " in the working directory" + (f" or in the recipe's folder {base_dir}" if base_dir else "")
                 problems.append(f"reward '{name}': file '{target}' not found{where} - check the path")
                 continue
-            source = path.read_text(encoding="utf-8", errors="replace")
+            try:
+                source = path.read_text(encoding="utf-8", errors="replace")
+            except OSError as err:
+                problems.append(f"reward '{name}': file '{target}' cannot be read ({err.strerror}) - check its mode")
+                continue
         else:
             try:
                 spec = importlib.util.find_spec(target)
@@ -198,6 +207,68 @@ def reward_names_problems(names: list[str], base_dir: str | Path | None = None) 
         if not defined:
             problems.append(f"reward '{name}': '{target}' defines no function '{function}'")
     return problems
+
+
+# A user's reward module is first imported in a process of its own, for at most this long: one that loops, exits or
+# is killed at import is said as such, and never hangs or ends the command that loads it.
+IMPORT_TIME_LIMIT_S = 60.0
+_IMPORTED_MARK = "grpo: reward module imported"
+_PROBED: set[tuple[str, int]] = set()  # (file or module, its mtime) imported in a child process without trouble
+_PROBE = """
+import importlib, importlib.util, sys
+target, is_file = sys.argv[1], sys.argv[2] == "1"
+if is_file:
+    spec = importlib.util.spec_from_file_location("grpo_user_reward_probe", target)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+else:
+    importlib.import_module(target)
+sys.stdout.write("\\n%s\\n" % sys.argv[3])
+sys.stdout.flush()
+"""
+
+
+def _probe_import(name: str, target: str, is_file: bool) -> None:
+    """Import a user's reward module in a child process (its own process group, killed with whatever it started
+    once done); raise UserError naming the file where the import does not come back as an import should."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
+    # files, not pipes: a process the module starts keeps a pipe open and would hold the wait
+    with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
+        child = subprocess.Popen(
+            [sys.executable, "-c", _PROBE, target, "1" if is_file else "0", _IMPORTED_MARK],
+            stdin=subprocess.DEVNULL, stdout=out_file, stderr=err_file, env=env, start_new_session=True,
+        )  # fmt: skip
+        try:
+            child.wait(timeout=IMPORT_TIME_LIMIT_S)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            try:
+                os.killpg(child.pid, signal.SIGKILL)  # with whatever the module started
+            except (ProcessLookupError, PermissionError):
+                pass
+            child.wait()
+        out_file.seek(0)
+        err_file.seek(0)
+        out, err = out_file.read(), err_file.read()
+    if timed_out:
+        raise UserError(
+            f"reward '{name}': importing '{target}' did not finish in {IMPORT_TIME_LIMIT_S:.0f} s - does it loop or "
+            "wait at import? Do slow work inside the function, not at module level"
+        )
+    if _IMPORTED_MARK in out.decode(errors="replace"):
+        return
+    errors = err.decode(errors="replace")
+    if child.returncode == 1 and "Traceback (most recent call last)" in errors:  # it raised: say what
+        raise UserError(f"reward '{name}': importing '{target}' failed ({errors.strip().splitlines()[-1].strip()})")
+    if child.returncode < 0:
+        how = f"was killed by signal {signal.Signals(-child.returncode).name}"
+    else:
+        how = f"exited (code {child.returncode})"
+    raise UserError(
+        f"reward '{name}': importing '{target}' {how} before it finished - a reward module must not exit or "
+        "stop the process at import (sys.exit, os._exit, exit(), KeyboardInterrupt)"
+    )
 
 
 def _load_file(path: Path):
@@ -234,15 +305,17 @@ def resolve_reward(name: str, base_dir: str | Path | None = None) -> RewardSpec:
     if problems:
         raise UserError(*problems)
     target, function = _split_reference(name)
+    is_file = _is_file_reference(target)
+    path = _file_path(target, base_dir).resolve() if is_file else None
+    probed = (str(path), path.stat().st_mtime_ns) if path else (target, 0)
+    if probed not in _PROBED and (is_file or target not in sys.modules):
+        _probe_import(name, probed[0], is_file)
+        _PROBED.add(probed)
     try:
-        module = (
-            _load_file(_file_path(target, base_dir))
-            if _is_file_reference(target)
-            else importlib.import_module(target)
-        )
+        module = _load_file(_file_path(target, base_dir)) if is_file else importlib.import_module(target)
     except UserError:
         raise
-    except Exception as err:  # noqa: BLE001 - the user's module failed to import: show why, not our traceback
+    except (Exception, SystemExit, KeyboardInterrupt) as err:  # noqa: BLE001 - the user's module: why, no traceback
         raise UserError(
             f"reward '{name}': importing '{target}' failed ({type(err).__name__}: {err})"
         ) from None
