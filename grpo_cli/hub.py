@@ -8,10 +8,13 @@ command. A snapshot already complete in the cache is used without the network.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
+import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from grpo_cli.errors import UserError
 from grpo_cli.problems import Problem, listing
@@ -22,6 +25,8 @@ INSTALL = "pip install 'grpo-cli[modelscope]'"
 _WEIGHTS = (".safetensors", ".bin")
 
 _resolved: dict[tuple, str] = {}  # one look-up per id and process: tokenizer, config and model share it
+HUB_CONNECT_TIMEOUT_S = 3.0
+_ON = ("1", "true", "yes", "on")
 
 
 def model_source() -> str:
@@ -107,3 +112,53 @@ def modelscope_snapshot(repo_id: str, kind: str = "model", revision: str | None 
         )
     _resolved[cache_key] = str(folder)
     return str(folder)
+
+
+@functools.cache
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face Hub (HF_ENDPOINT) cannot be reached from this machine, from one connection attempt of at
+    most a few seconds; None where it can, in offline mode, or behind a proxy (which decides for itself)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _ON:
+        return None
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    parts = urlsplit(endpoint)
+    try:
+        port = parts.port or (80 if parts.scheme == "http" else 443)
+        socket.create_connection((parts.hostname or "", port), timeout=HUB_CONNECT_TIMEOUT_S).close()
+    except (OSError, ValueError) as err:
+        reason = getattr(err, "strerror", None) or err
+        return f"the Hugging Face Hub ({endpoint}) is not reachable from this machine ({reason})"
+    return None
+
+
+def hub_model(repo_id: str, revision: str | None = None) -> str:
+    """A Hub model id as transformers should load it: the id itself where the Hub can be reached; else its complete
+    snapshot in the Hugging Face cache, as a local folder (no retries against an unreachable Hub); else one
+    UserError with the ways out."""
+    why = hub_unreachable()
+    if why is None:
+        return repo_id
+    cache_key = ("hf-cache", repo_id, revision)
+    if cache_key in _resolved:
+        return _resolved[cache_key]
+    from huggingface_hub import constants, snapshot_download
+
+    try:
+        folder = snapshot_download(repo_id, revision=revision or None, local_files_only=True)
+    except Exception:  # noqa: BLE001 - not in the cache, whatever huggingface_hub calls it
+        folder = None
+    if folder and _complete_model(Path(folder)):
+        from grpo_cli.console import console, escape
+
+        console.print(
+            f"{escape(why)}: loading {escape(repo_id)} from the cache ({escape(str(folder))})", soft_wrap=True
+        )
+        _resolved[cache_key] = str(folder)
+        return str(folder)
+    raise UserError(
+        f"model {repo_id}: {why}, and the model is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) - "
+        "download it where the Hub can be reached and give its folder as model_name_or_path, point HF_ENDPOINT at a "
+        "mirror, or use model_source: modelscope; HF_HUB_OFFLINE=1 loads only what the cache holds"
+    )

@@ -123,11 +123,11 @@ def resolve_model(name_or_path: str, revision: str | None = None) -> str:
             f"model folder {name_or_path} does not exist - check the path, or use a short name "
             f"({', '.join(DEMO_MODELS)}) or a Hub id"
         )
-    from grpo_cli.hub import model_source, modelscope_snapshot
+    from grpo_cli.hub import hub_model, model_source, modelscope_snapshot
 
     if model_source() == "modelscope":
         return modelscope_snapshot(name_or_path, "model", revision, key="model_name_or_path")
-    return name_or_path
+    return hub_model(name_or_path, revision)
 
 
 # --------------------------------------------------------------------------------------- demo model preparation

@@ -27,9 +27,44 @@ from grpo_cli.models import (
 # ------------------------------------------------------------------------------------------- names
 
 
-def test_resolve_keeps_local_folders_and_hub_ids(tmp_path):
+def test_resolve_keeps_local_folders_and_hub_ids(tmp_path, monkeypatch):
+    from grpo_cli import hub
+
+    monkeypatch.setattr(hub, "hub_unreachable", lambda: None)  # a machine that reaches the Hub
     assert resolve_model(str(tmp_path)) == str(tmp_path)
     assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_an_unreachable_hub_is_said_once_with_the_ways_out_or_the_cached_copy_is_loaded(tmp_path, monkeypatch):
+    """No minute of retries: one connection attempt, then the cache's complete snapshot as a local folder, or one
+    message naming HF_ENDPOINT, model_source: modelscope and HF_HUB_OFFLINE."""
+    import time
+
+    from huggingface_hub import constants
+
+    from grpo_cli import hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
+    hub.hub_unreachable.cache_clear()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    started = time.monotonic()
+    with pytest.raises(UserError) as raised:
+        resolve_model("someone/some-model")
+    assert time.monotonic() - started < 10
+    [problem] = raised.value.problems
+    assert "is not reachable from this machine" in problem and "not in the Hugging Face cache" in problem
+    assert "HF_ENDPOINT" in problem and "model_source: modelscope" in problem and "HF_HUB_OFFLINE" in problem
+    snapshot = tmp_path / "hub" / "models--someone--cached" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (snapshot / "model.safetensors").write_bytes(b"")
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
+    assert resolve_model("someone/cached") == str(snapshot)
+    hub.hub_unreachable.cache_clear()
 
 
 def test_resolve_rejects_missing_folders_and_files(tmp_path):
@@ -406,6 +441,9 @@ def test_modelscope_ids_resolve_to_its_cache_without_the_network(modelscope_cach
     rows = load_task_dataset(TaskArguments(task="countdown", dataset_name="grpo-test/countdown-rows"), "train")
     assert len(rows) == 12 and {"nums", "target", "prompt"} <= set(rows.column_names)
     monkeypatch.setenv("GRPO_MODEL_SOURCE", "huggingface")  # the same id is a Hugging Face Hub id again
+    from grpo_cli import hub
+
+    monkeypatch.setattr(hub, "hub_unreachable", lambda: None)  # as on a machine that reaches the Hub
     assert resolve_model("grpo-test/tiny-llama") == "grpo-test/tiny-llama"
     monkeypatch.setenv("GRPO_MODEL_SOURCE", "modelscop")
     with pytest.raises(UserError, match="GRPO_MODEL_SOURCE=modelscop is not a model source"):
