@@ -153,6 +153,27 @@ def test_resume_continues_the_step_count(tmp_path, tiny_model_dir, capsys):
         train(path, "rl", resume=False)
 
 
+def test_a_run_resumed_with_more_steps_trains_its_first_new_step_at_the_schedules_rate(tmp_path, tiny_model_dir):
+    """`--max_steps 2`, then `--max_steps 4`: the linear schedule's step 3 trains at half the learning rate (it
+    trained at 0, the rate the optimizer saved at the end of the first schedule), and a new `learning_rate` holds."""
+    import torch
+    from safetensors.torch import load_file
+
+    path = recipe_file(tmp_path, tiny_model_dir, "sft", "lr_scheduler_type: linear\nwarmup_steps: 0\nlogging_steps: 1\n")
+    out = train(path, "sft")
+    train(path, "sft", ["--max_steps", "4"])
+    before = load_file(out / "checkpoint-2" / "model.safetensors")
+    after = load_file(out / "checkpoint-3" / "model.safetensors")
+    assert any(not torch.equal(before[name], after[name]) for name in before)
+
+    def rates(checkpoint: str) -> dict:  # the learning rate each step trained at
+        return {e["step"]: e["learning_rate"] for e in state(out / checkpoint)["log_history"] if "learning_rate" in e}
+
+    assert rates("checkpoint-4")[3] == pytest.approx(1e-3 * 2 / 4)
+    train(path, "sft", ["--max_steps", "6", "--learning_rate", "1e-2"])
+    assert rates("checkpoint-6")[5] == pytest.approx(1e-2 * 2 / 6)  # the new learning rate, not the checkpoint's
+
+
 def test_checkpoint_cut_short_is_never_resumed(tmp_path, tiny_model_dir):
     path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nlora_r: 4\n")
     out = train(path, "rl")

@@ -127,6 +127,26 @@ class Stopped(KeyboardInterrupt):
         self.code = 128 + signum
 
 
+class ResumedSchedule(TrainerCallback):
+    """A resumed run trains its first step at the learning rate its schedule gives that step.
+
+    The checkpoint's optimizer holds the rate of the step it saved: 0 at the end of a decaying schedule. The schedule
+    (a LambdaLR: linear, cosine, constant, with or without warm-up) sets the next rate only after the next step, so
+    a run resumed with a raised `max_steps` would train that step at 0. The checkpoint's scheduler also brings back
+    the learning rate it was made with; the run's own `learning_rate` is the one asked for."""
+
+    def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
+        if not state.global_step or optimizer is None or not hasattr(lr_scheduler, "lr_lambdas"):
+            return
+        if len(set(lr_scheduler.base_lrs)) == 1:  # one learning rate for every group: the run's
+            lr_scheduler.base_lrs = [args.learning_rate] * len(lr_scheduler.base_lrs)
+        step = lr_scheduler.last_epoch
+        rates = [base * scale(step) for base, scale in zip(lr_scheduler.base_lrs, lr_scheduler.lr_lambdas)]
+        for group, rate in zip(optimizer.param_groups, rates):
+            group["lr"] = rate
+        lr_scheduler._last_lr = rates
+
+
 SECOND_SIGNAL_AFTER_S = 1.0
 
 

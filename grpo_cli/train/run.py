@@ -16,6 +16,7 @@ from grpo_cli.recipe import Recipe
 from grpo_cli.recipe.check import tracking_problems
 from grpo_cli.train.checkpoints import (
     GracefulStop,
+    ResumedSchedule,
     Stopped,
     disk_full_problem,
     is_disk_full,
@@ -94,7 +95,7 @@ class TrainingRun:
 
     def callbacks(self) -> list:
         # The guard comes after the others: it has the last word on whether a step's checkpoint is saved.
-        callbacks = [self.console, self.stop] + ([self.guard] if self.guard else [])
+        callbacks = [self.console, self.stop, ResumedSchedule()] + ([self.guard] if self.guard else [])
         name = self.args.run_name or self.output_dir.name
         tracker = swanlab_callback(self.recipe.tracking, str(self.output_dir), name, self.recipe.values)
         if tracker is not None:
