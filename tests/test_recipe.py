@@ -514,23 +514,23 @@ def test_gradient_checkpointing_kwargs_are_judged_as_torch_checkpoint_takes_them
     assert kept.values["gradient_checkpointing_kwargs"] == {"use_reentrant": True}
 
 
-def test_keys_that_need_a_gpu_are_named_at_check_on_a_machine_without_one(tmp_path):
+def test_keys_that_need_a_gpu_are_said_in_the_plan_on_a_machine_without_one(tmp_path):
+    """`grpo check` previews a recipe for any machine: on one without a CUDA GPU its plan says what a run here would
+    stop on (the run itself stops on it before loading anything)."""
     from grpo_cli.recipe import check_recipe
     from grpo_cli.recipe.hardware import Hardware
 
     path = write(tmp_path, "model_name_or_path: m\n")
     cpu, gpu = Hardware(gpu=False), Hardware(gpu=True, training=False)  # no model config read
     for key in ("fp16", "load_in_4bit", "use_vllm", "use_liger_kernel", "bf16"):
-        with pytest.raises(UserError) as raised:
-            check_recipe(load_recipe(str(path), [f"--{key}", "true"], "rl", hardware=cpu))
-        assert [p for p in raised.value.problems if f"`{key}` is true and this machine has no CUDA GPU" in p]
-        check_recipe(load_recipe(str(path), [f"--{key}", "true"], "rl", hardware=gpu))
-    with pytest.raises(UserError, match="`fp16` is true and `use_cpu` is true"):
-        check_recipe(load_recipe(str(path), ["--fp16", "true", "--use_cpu", "true"], "rl", hardware=gpu))
-    check_recipe(load_recipe(str(path), ["--bf16", "true", "--use_cpu", "true"], "rl", hardware=cpu))
+        plan = check_recipe(load_recipe(str(path), [f"--{key}", "true"], "rl", hardware=cpu))
+        said = [w for w in plan.warnings if w.startswith(f"this machine has no CUDA GPU: a run here would stop on {key}")]
+        assert len(said) == 1, plan.warnings
+        assert not check_recipe(load_recipe(str(path), [f"--{key}", "true"], "rl", hardware=gpu)).warnings
+    assert not check_recipe(load_recipe(str(path), ["--bf16", "true", "--use_cpu", "true"], "rl", hardware=cpu)).warnings
     sft = write(tmp_path, "model_name_or_path: m\nbf16: true\n", name="sft.yaml")
-    with pytest.raises(UserError, match="set `use_cpu: true`, or `bf16: false`"):
-        check_recipe(load_recipe(str(sft), [], "sft", hardware=cpu))
+    [warning] = check_recipe(load_recipe(str(sft), [], "sft", hardware=cpu)).warnings
+    assert "bf16: true (mixed precision) needs a GPU with bfloat16 - set bf16: false, or use_cpu: true" in warning
 
 
 def test_lists_and_tables_go_to_stdout_whole_keys_at_80_columns():
@@ -544,3 +544,10 @@ def test_lists_and_tables_go_to_stdout_whole_keys_at_80_columns():
     for command in (["recipes", "list"], ["tasks"], ["rewards", "list"]):
         run = subprocess.run([sys.executable, "-m", "grpo_cli", *command], capture_output=True, text=True, check=False)
         assert run.returncode == 0 and "│" in run.stdout and "│" not in run.stderr, (command, run.stderr)
+
+
+def test_check_names_an_unknown_command():
+    run = subprocess.run([sys.executable, "-m", "grpo_cli", "check", "-c", "countdown", "--command", "foo"],
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "--command foo is not a training command - use rl or sft" in run.stderr

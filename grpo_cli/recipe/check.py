@@ -234,36 +234,15 @@ def _value_problems(recipe: Recipe) -> list[Problem]:
     return problems
 
 
-# Keys whose `true` needs a CUDA GPU: what runs them, and the way out on a machine without one.
-NEEDS_A_GPU = {
-    "fp16": "fp16 mixed precision runs on a GPU - set `fp16: false` (on the CPU training runs in float32, or bf16 "
-    "with `use_cpu: true`)",
-    "load_in_4bit": "4-bit loading (bitsandbytes) runs on a GPU - set `load_in_4bit: false` (and use LoRA alone)",
-    "load_in_8bit": "8-bit loading (bitsandbytes) runs on a GPU - set `load_in_8bit: false`",
-    "use_vllm": "vLLM generates on a GPU - set `use_vllm: false`",
-    "use_liger_kernel": "liger-kernel's Triton kernels run on a GPU - set `use_liger_kernel: false`",
-}
+def machine_warnings(recipe: Recipe) -> list[str]:
+    """What this machine cannot run of the recipe (keys that need a CUDA GPU, on a machine without one), said in the
+    plan: `grpo check` previews a recipe for any machine, and `grpo rl`/`grpo sft` stop on these before loading."""
+    from grpo_cli.models import gpu_problems
 
-
-def _machine_problems(recipe: Recipe) -> list[Problem]:
-    """Keys this machine cannot run (no CUDA GPU, or `use_cpu: true`), said at check time rather than when the run
-    starts."""
-    hardware = recipe.hardware
-    if hardware is None or (hardware.gpu and not recipe.values.get("use_cpu")):
+    if recipe.hardware is None or recipe.hardware.gpu:
         return []
-    why = "`use_cpu` is true" if hardware.gpu else "this machine has no CUDA GPU"
-    problems = [
-        Problem(key, f"`{key}` is true and {why}: {fix}")
-        for key, fix in NEEDS_A_GPU.items()
-        if recipe.values.get(key) is True
-    ]
-    if not hardware.gpu and recipe.values.get("bf16") is True and not recipe.values.get("use_cpu"):
-        problems.append(Problem(
-            "bf16",
-            f"`bf16` is true and {why}: transformers trains bf16 on the CPU only with `use_cpu: true` - set "
-            "`use_cpu: true`, or `bf16: false`",
-        ))
-    return problems
+    problems = gpu_problems(recipe.values, recipe.values, has_cuda=False)
+    return [f"this machine has no CUDA GPU: a run here would stop on {problem}" for problem in problems]
 
 
 def _located(recipe: Recipe, problems: list[Problem]) -> list[Problem]:
@@ -353,7 +332,7 @@ def check_recipe(
 
     found = _file_problems(recipe) + task_problems(recipe.task) + source_problems(recipe.values.get("model_source"))
     values = _value_problems(recipe)
-    found += values + _output_problems(recipe) + _machine_problems(recipe)
+    found += values + _output_problems(recipe)
     # the arithmetic below needs these keys' values
     batch_ok = not {p.key for p in values} & {"per_device_train_batch_size", "num_generations", "gradient_accumulation_steps"}
     named = any(p.key == "model_name_or_path" for p in problems or [])  # the loader's problem with its value
@@ -511,6 +490,7 @@ def build_plan(recipe: Recipe, num_processes: int, accelerate_config: dict | Non
             plan_sources[key] = sources(recipe, (key,))
 
     warnings = list(recipe.warnings) + launch_warnings(v, accelerate_config) + tracking_problems(recipe.tracking)
+    warnings += machine_warnings(recipe)
     return Plan(rows=rows, warnings=warnings, sources=plan_sources)
 
 
