@@ -100,6 +100,8 @@ def check_and_show(
     from grpo_cli.launch import num_processes as count_processes
     from grpo_cli.recipe.hardware import detect_hardware
 
+    if command is not None and command not in schema.COMMANDS:
+        raise UserError(f"--command {command} is not a training command - use {' or '.join(schema.COMMANDS)}")
     processes = count_processes(accelerate_config, num_processes)
     launch_config = load_accelerate_config(accelerate_config)
     recipe, problems = read_recipe(config, overrides, command, detect_hardware(processes, launch_config))
