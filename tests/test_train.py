@@ -145,8 +145,10 @@ def test_resume_continues_the_step_count(tmp_path, tiny_model_dir, capsys):
     path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nlora_r: 4\n")
     out = train(path, "rl")
     assert state(out / "checkpoint-2")["global_step"] == 2
+    (out / "checkpoint-2" / "optimizer.pt").unlink()  # said aloud: the optimizer starts afresh
     train(path, "rl", ["--max_steps", "3"])
-    assert "resuming" in capsys.readouterr().err
+    err = capsys.readouterr().err.replace("\n", " ")
+    assert "resuming" in err and "checkpoint-2 holds no optimizer.pt: the run resumes its weights with a fresh" in err
     assert state(out / "checkpoint-3")["global_step"] == 3
     assert json.loads((out / "train_summary.json").read_text())["global_step"] == 3
     with pytest.raises(UserError, match="already holds"):
@@ -172,6 +174,34 @@ def test_a_run_resumed_with_more_steps_trains_its_first_new_step_at_the_schedule
     assert rates("checkpoint-4")[3] == pytest.approx(1e-3 * 2 / 4)
     train(path, "sft", ["--max_steps", "6", "--learning_rate", "1e-2"])
     assert rates("checkpoint-6")[5] == pytest.approx(1e-2 * 2 / 6)  # the new learning rate, not the checkpoint's
+
+
+def test_one_run_per_output_folder_and_rl_never_resumes_an_sft_run(tmp_path, tiny_model_dir):
+    sft_out = train(recipe_file(tmp_path, tiny_model_dir, "sft"), "sft")
+    rl = recipe_file(tmp_path, tiny_model_dir, "rl")
+    with pytest.raises(UserError, match=r"holds a `grpo sft` run: `grpo rl` would resume its checkpoint-2"):
+        train(rl, "rl", ["--output_dir", str(sft_out), "--max_steps", "3"])
+    hold = (
+        f"from grpo_cli.train.checkpoints import RunLock; RunLock({str(tmp_path / 'rl')!r}); "
+        "print('held', flush=True); import time; time.sleep(60)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(UserError, match=rf"is in use by another grpo run \(pid {holder.pid} on .*, started "):
+            train(rl, "rl")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not (tmp_path / "rl" / "checkpoint-1").exists()
+    out = train(rl, "rl")  # free once the other run ended; its lock file goes with this run's end
+    assert (out / "checkpoint-2").is_dir() and not (out / ".grpo-run.lock").exists()
+    sft = recipe_file(tmp_path, tiny_model_dir, "sft")
+    unsaved = ["--save_strategy", "no", "--output_dir", str(tmp_path / "unsaved")]
+    model = (train(sft, "sft", unsaved) / "model.safetensors").read_bytes()
+    with pytest.raises(UserError, match="is a finished run with no checkpoint to resume"):
+        train(sft, "sft", unsaved)
+    assert (tmp_path / "unsaved" / "model.safetensors").read_bytes() == model
 
 
 def test_checkpoint_cut_short_is_never_resumed(tmp_path, tiny_model_dir):

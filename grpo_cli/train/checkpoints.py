@@ -6,6 +6,7 @@ one was cut short (the process was killed while saving) and is never resumed fro
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import json
@@ -45,6 +46,7 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
 
 # What a grpo run leaves in its output folder besides checkpoints: a folder holding one of these is a run's.
 RUN_FILES = ("recipe.yaml", "train_summary.json", "rollouts.jsonl")
+LOCK_FILE = ".grpo-run.lock"  # held by the run writing the folder (`RunLock`)
 MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
@@ -54,7 +56,7 @@ def foreign_contents(output_dir: str | Path) -> str | None:
     root = Path(output_dir)
     if not root.is_dir():
         return None
-    names = sorted(p.name for p in root.iterdir())
+    names = sorted(p.name for p in root.iterdir() if p.name != LOCK_FILE)
     if not names or any(name in RUN_FILES for name in names) or checkpoints(root):
         return None
     if any(name in ADAPTER_FILES for name in names):
@@ -65,11 +67,94 @@ def foreign_contents(output_dir: str | Path) -> str | None:
     return f"{len(names)} file(s) of something else ({shown})"
 
 
+_HELD_LOCKS: dict[Path, RunLock] = {}
+
+
+class RunLock:
+    """One run at a time per output folder: the main process holds an exclusive lock on a file in it for the run's
+    life (released by the system however the process ends); a second run is refused with the first's pid and start."""
+
+    def __init__(self, output_dir: str | Path):
+        import fcntl
+        import socket
+
+        self.path = Path(output_dir) / LOCK_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        held = _HELD_LOCKS.pop(self.path.resolve(), None)
+        if held is not None:  # this process's own earlier run of the folder (one that ended early): superseded
+            held.release()
+        self._file = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 - held open until `release`
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._file.seek(0)
+            holder = self._file.read().strip() or "another process"
+            self._file.close()
+            raise UserError(
+                f"the output folder {output_dir} is in use by another grpo run ({holder}) - wait for it to end, "
+                "stop it, or give this run another `--output_dir`"
+            ) from None
+        self._file.seek(0)
+        self._file.truncate()
+        started = time.strftime("%Y-%m-%d %H:%M:%S")
+        self._file.write(f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n")
+        self._file.flush()
+        _HELD_LOCKS[self.path.resolve()] = self
+        atexit.register(self.release)
+
+    def release(self) -> None:
+        if self._file.closed:
+            return
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        self._file.close()
+
+
+def run_command(output_dir: str | Path) -> str | None:
+    """`rl` or `sft`: which command's run an output folder holds (its rollouts file, else its recipe.yaml's keys);
+    None where it cannot tell."""
+    import yaml
+
+    from grpo_cli.recipe.load import command_of
+
+    root = Path(output_dir)
+    if (root / "rollouts.jsonl").exists():
+        return "rl"
+    try:
+        keys = yaml.safe_load((root / "recipe.yaml").read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    return command_of(keys) if isinstance(keys, dict) else None
+
+
+def missing_training_state(checkpoint: Path) -> str | None:
+    """What a checkpoint lacks of the training state transformers resumes (None: nothing): without optimizer.pt the
+    optimizer starts afresh (Adam's moments at zero), without scheduler.pt the learning-rate schedule from step 0.
+    DeepSpeed keeps both in its own `global_step*` folder."""
+    if any(checkpoint.glob("global_step*")):
+        return None
+    lacks = [name for name in ("optimizer.pt", "scheduler.pt") if not (checkpoint / name).is_file()]
+    if not lacks:
+        return None
+    effects = {"optimizer.pt": "a fresh optimizer (its moment estimates at zero)", "scheduler.pt": "the learning-rate "
+               "schedule from its first step (warm-up again)"}  # fmt: skip
+    return (
+        f"{checkpoint.name} holds no {' and no '.join(lacks)}: the run resumes its weights with "
+        + " and ".join(effects[name] for name in lacks)
+    )
+
+
 def resume_point(
-    output_dir: str | Path, resume: bool, overwrite: bool, main: bool = True, max_steps: int | None = None
+    output_dir: str | Path,
+    resume: bool,
+    overwrite: bool,
+    main: bool = True,
+    max_steps: int | None = None,
+    command: str | None = None,
 ) -> Path | None:
     """Decide where training starts: the latest complete checkpoint, or fresh (after clearing old ones if asked).
-    A folder that is not a run's is refused unless `overwrite`; a run that reached `max_steps` is not trained again.
+    A folder that is not a run's is refused unless `overwrite`; a run that reached `max_steps` is not trained again;
+    a `command` run (`rl`, `sft`) does not resume the other command's checkpoints.
 
     Every process decides the same; only the main one (`main`) deletes and prints.
     """
@@ -86,9 +171,26 @@ def resume_point(
             shutil.rmtree(partial, ignore_errors=True)
     found = [p for p in found if is_complete(p)]
     if not found:
+        root = Path(output_dir)
+        finished = (root / "train_summary.json").is_file() and any(
+            (root / name).is_file() for name in (*MODEL_FILES, *ADAPTER_FILES)
+        )
+        if finished and not overwrite:
+            raise UserError(
+                f"{output_dir} is a finished run with no checkpoint to resume (`save_strategy: no`, or its "
+                "checkpoints deleted): training again would start from the first step and replace its model - add "
+                "--no-resume --overwrite to do that, or give this run another `--output_dir`"
+            )
         return None
     if resume:
         latest = found[-1]
+        previous = run_command(output_dir) if command else None
+        if previous and previous != command:
+            raise UserError(
+                f"{output_dir} holds a `grpo {previous}` run: `grpo {command}` would resume its {latest.name} as "
+                f"its own - give this run another `--output_dir` (to start from that model: --model_name_or_path "
+                f"{output_dir}), or add --no-resume --overwrite to replace it"
+            )
         damaged = damaged_weights(latest)
         if damaged:
             raise UserError(
@@ -104,6 +206,9 @@ def resume_point(
             )
         if main:
             console.print(f"[bold]resuming[/] from {escape(str(latest))} (use --no-resume to start over)")
+            missing = missing_training_state(latest)
+            if missing:
+                console.print(f"[yellow]warning:[/] {escape(missing)}", soft_wrap=True)
         return latest
     if not overwrite:
         raise UserError(

@@ -17,6 +17,7 @@ from grpo_cli.recipe.check import tracking_problems
 from grpo_cli.train.checkpoints import (
     GracefulStop,
     ResumedSchedule,
+    RunLock,
     Stopped,
     disk_full_problem,
     is_disk_full,
@@ -53,7 +54,10 @@ class TrainingRun:
         self.args = recipe.training_config()
         self.output_dir = Path(self.args.output_dir)
         self.main = is_main_process()
-        self.checkpoint = resume_point(self.output_dir, resume, overwrite, main=self.main, max_steps=self.args.max_steps)
+        self.lock = RunLock(self.output_dir) if self.main else None  # before anything in the folder is touched
+        self.checkpoint = resume_point(
+            self.output_dir, resume, overwrite, main=self.main, max_steps=self.args.max_steps, command=recipe.command
+        )
         self.tokenizer = load_tokenizer(
             self.model_args.model_name_or_path,
             recipe.task.chat_template,
@@ -103,7 +107,15 @@ class TrainingRun:
         return callbacks + ([tracker] if tracker else [])
 
     def train(self, trainer) -> Path:
-        """Train (resuming when there is a checkpoint), save the final model with its tokenizer, return its folder."""
+        """Train (resuming when there is a checkpoint), save the final model with its tokenizer, return its folder;
+        the output folder is free for another run afterwards, however this one ended."""
+        try:
+            return self._train(trainer)
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+
+    def _train(self, trainer) -> Path:
         for callback in trainer.callback_handler.callbacks:
             if hasattr(callback, "trainer"):  # the console and the tracker show sample completions from the trainer
                 callback.trainer = trainer
