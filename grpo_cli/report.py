@@ -90,19 +90,26 @@ def _last_step(history: list) -> int:
     return max((int(s) for s in steps if isinstance(s, (int, float)) and not isinstance(s, bool)), default=-1)
 
 
+def _log_entries(data) -> list[dict]:
+    """A log file's `log_history` entries, what of them is a logged step (anything else written there is not)."""
+    history = data.get("log_history") if isinstance(data, dict) else None
+    return [entry for entry in history if isinstance(entry, dict)] if isinstance(history, list) else []
+
+
 def _history_source(folder: Path) -> tuple[Path, list, dict | None] | None:
     """The file holding the most steps of the run's log history: (file, history, train summary or None)."""
     candidates: list[tuple[int, int, Path, list, dict | None]] = []
     summary_file = folder / "train_summary.json"
     if summary_file.is_file():
         summary = _read_json(summary_file)
-        history = summary.get("log_history") or []
+        summary = summary if isinstance(summary, dict) else {}
+        history = _log_entries(summary)
         candidates.append((_last_step(history), 1, summary_file, history, summary))
     latest = checkpoint_folders(folder, "trainer_state.json")[-1:]
     states = [folder / "trainer_state.json"] + [c / "trainer_state.json" for _, c in latest]
     for state_file in states:
         if state_file.is_file():
-            history = _read_json(state_file).get("log_history") or []
+            history = _log_entries(_read_json(state_file))
             candidates.append((_last_step(history), 0, state_file, history, None))
     if not candidates:
         return None
@@ -148,6 +155,8 @@ def _read_rollouts(
                 row = json.loads(line)
             except ValueError:
                 continue  # a line cut short by a kill
+            if not isinstance(row, dict):
+                continue  # not a rollout row
             rewards, done = row.get("rewards"), row.get("step")
             if not isinstance(rewards, dict) or not isinstance(done, int):
                 continue

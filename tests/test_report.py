@@ -205,6 +205,21 @@ def test_the_command_and_its_bad_input(unrewarded_run, tmp_path):
     assert done.stderr.startswith("error:") and "holds no training logs" in done.stderr
 
 
+def test_garbage_logs_and_rollouts_are_skipped_not_a_traceback(tmp_path):
+    """Lines of rollouts.jsonl and log entries that are JSON but not a row (a list, a number) are not rows."""
+    run = tmp_path / "garbage"
+    run.mkdir()
+    (run / "rollouts.jsonl").write_text('garbage\n[1, 2]\n7\n{"step": "x", "rewards": []}\n')
+    history = [5, [1], {"step": 1, "reward": 0.5}, {"step": 2, "reward": 0.25}]
+    (run / "train_summary.json").write_text(json.dumps({"global_step": 2, "log_history": history}))
+    (run / "recipe.yaml").write_text("task: countdown\n")
+    report_run([str(run)])
+    assert (run / "report.png").is_file()
+    (run / "train_summary.json").write_text("[1, 2, 3]")
+    with pytest.raises(UserError, match="train_summary.json: a JSON list, not the object the trainer writes"):
+        report_run([str(run)])
+
+
 def test_two_runs_on_the_same_axes(unrewarded_run, tmp_path):
     out, _ = unrewarded_run
     change = write_state(tmp_path / "change", healthy_logs(12))

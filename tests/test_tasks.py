@@ -297,6 +297,20 @@ def test_a_bad_jsonl_line_and_an_empty_split_file_are_named(tmp_path):
         load_task_dataset(args("countdown", dataset_name=str(folder)), "test")
 
 
+def test_null_lines_bytes_that_are_not_utf8_and_values_of_another_kind_are_named(tmp_path):
+    good = '{"nums": [1, 2, 3], "target": 6}\n'
+    for name, content, says in [
+        ("null.jsonl", good + "null\n", r"null.jsonl: line 2: a JSON null, not an object"),
+        ("array.jsonl", good + "[1, 2]\n", r"array.jsonl: line 2: a JSON array, not an object"),
+        ("bytes.jsonl", good.encode() + b'{"nums": [1, 2], "target": "\xff"}\n', r"line 2: not UTF-8 text \(byte 0xff"),
+        ("mixed.jsonl", good + '{"nums": [1, 2], "target": "x"}\n', r"mixed.jsonl: the row .*'target': 'x'.*: 'target' must be a whole number, got"),
+    ]:
+        path = tmp_path / name
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        with pytest.raises(UserError, match=says):
+            load_task_dataset(args("countdown", dataset_name=str(path), dataset_test_size=0), "train")
+
+
 def test_task_problems_for_the_recipe_check():
     assert task_problems(args("countdown")) == []
     unknown = task_problems(args("gsm8kk"))[0]

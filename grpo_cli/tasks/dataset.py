@@ -111,6 +111,9 @@ def _load_all(args: TaskArguments, task: Task) -> datasets.DatasetDict:
                 raise UserError(f"dataset_name: '{name}' is not a .jsonl, .json, .parquet or .csv file")
             if path.stat().st_size == 0:
                 raise UserError(f"dataset_name: '{name}' is empty")
+            bad = _first_bad_json_line(path) if path.suffix.lower() == ".jsonl" else None
+            if bad:  # a `null` or a list line loads as a row of nothing: say where, before datasets reads it
+                raise UserError(f"dataset_name: {name}: {bad} - each line must be one JSON object")
             # One file is one split: name it as the recipe's train split, so `dataset_train_split` needs no change.
             return datasets.load_dataset(builder, data_files={args.dataset_train_split: str(path)})
         except UserError:
@@ -139,8 +142,13 @@ def _load_all(args: TaskArguments, task: Task) -> datasets.DatasetDict:
 
 def _first_bad_json_line(path: Path) -> str | None:
     """Where a JSONL file stops being JSON lines ("line 11: ..."), or None."""
-    with path.open(encoding="utf-8", errors="replace") as lines:
-        for number, line in enumerate(lines, 1):
+    kinds = {"NoneType": "null", "list": "array", "str": "string", "int": "number", "float": "number", "bool": "boolean"}
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return f"line {number}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column {err.start + 1})"
             if not line.strip():
                 continue
             try:
@@ -148,14 +156,26 @@ def _first_bad_json_line(path: Path) -> str | None:
             except json.JSONDecodeError as err:
                 return f"line {number}: not JSON ({err.msg} at column {err.colno})"
             if not isinstance(row, dict):
-                return f"line {number}: a JSON {type(row).__name__}, not an object"
+                return f"line {number}: a JSON {kinds.get(type(row).__name__, type(row).__name__)}, not an object"
     return None
 
 
-def _normalize_and_prompt(row: dict, task_name: str, args: TaskArguments) -> dict:
+def _normalize_and_prompt(row: dict, task_name: str, args: TaskArguments, source: str) -> dict:
     task = get_task(task_name)
-    row = task.normalize(row)
-    return {**row, "prompt": task.prompt(row, args)}
+    shown = str({key: value for key, value in row.items() if key != "prompt"})[:200]
+    try:
+        row = task.normalize(row)
+        problems = task.column_problems(row)  # every row, as the first was checked before
+        if problems:
+            raise UserError(*(f"{source}: the row {shown}: {problem}" for problem in problems))
+        return {**row, "prompt": task.prompt(row, args)}
+    except UserError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError) as err:  # a value of the wrong kind in the user's data
+        raise UserError(
+            f"{source}: the row {shown} is not a {task_name} row ({type(err).__name__}: {str(err)[:200]}) - fix or "
+            "drop it"
+        ) from None
 
 
 def load_task_dataset(args: TaskArguments, split: str, seed: int = 0) -> datasets.Dataset:
@@ -198,7 +218,7 @@ def load_task_dataset(args: TaskArguments, split: str, seed: int = 0) -> dataset
     _check_columns(task, data, source)
     return data.map(
         _normalize_and_prompt,
-        fn_kwargs={"task_name": task.name, "args": args},
+        fn_kwargs={"task_name": task.name, "args": args, "source": source},
         desc=f"Building {task.name} prompts",
     )
 
