@@ -163,7 +163,10 @@ def _parse_gold(gold: str):
     return _parse(gold)
 
 
-_GROWTH_MARKS = ("binom", "choose", "!", "prod", "sum", "int", "lim", "^", "**")
+# LaTeX commands whose parse or comparison can grow without bound, and the operators that do; words that merely hold
+# the letters (the points, assuming, a limit) are none of them.
+_GROWTH_MARKS = re.compile(r"\\(?:[dt]?binom|choose|prod|sum|int|lim)(?![A-Za-z])|\bbinom|!|\^|\*\*")
+_MULTIPLYING = re.compile(r"\\(?:[dt]?binom|choose|prod)(?![A-Za-z])|\bbinom|!")
 _DIGIT_RUN = re.compile(r"(?<![0-9.])[0-9]{5,}", re.ASCII)  # not the decimals of 1.11111111\times 10^{10}
 
 
@@ -171,9 +174,9 @@ def _costly(text: str) -> bool:
     """Whether parsing could build huge numbers: SymPy evaluates e.g. binomials while parsing, and
     factorials, products and nested powers when comparing. Such answers get no symbolic comparison."""
     text = text.replace("\\!", "")  # a thin space, not a factorial
-    if not any(mark in text for mark in _GROWTH_MARKS):
+    if not _GROWTH_MARKS.search(text):
         return False
-    if sum(text.count(mark) for mark in ("binom", "choose", "!", "prod")) > 1:
+    if len(_MULTIPLYING.findall(text)) > 1:
         return True
     return _DIGIT_RUN.search(text) is not None
 
@@ -181,7 +184,7 @@ def _costly(text: str) -> bool:
 def _parse(text: str) -> list:
     from math_verify import parse
 
-    text = _joined_groups(text)
+    text = _joined_groups(text).replace("\\$", "")  # an escaped dollar is a currency sign, not math mode
     if _costly(text):
         return []
     if not any(marker in text for marker in ("$", "\\(", "\\[", "\\boxed")):
