@@ -551,3 +551,12 @@ def test_check_names_an_unknown_command():
                          capture_output=True, text=True, check=False)  # fmt: skip
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert "--command foo is not a training command - use rl or sft" in run.stderr
+
+
+def test_the_plan_says_a_dataset_name_beside_generated_rows_is_not_read(tmp_path):
+    from grpo_cli.recipe import check_recipe
+
+    path = write(tmp_path, "model_name_or_path: m\ndataset_name: mine.jsonl\ndataset_generate: 40\n")
+    rows = dict(check_recipe(load_recipe(str(path), [], "rl")).rows)
+    assert rows["dataset"].startswith("40 generated countdown tasks")
+    assert "dataset_name mine.jsonl is not read (dataset_generate: 0 reads it)" in rows["dataset"]

@@ -426,6 +426,8 @@ def build_plan(recipe: Recipe, num_processes: int, accelerate_config: dict | Non
         from grpo_cli.tasks import dataset_source
 
         dataset = dataset_source(task)
+        if task.dataset_name:  # set beside it: say which one the run reads
+            dataset += f"; dataset_name {task.dataset_name} is not read (dataset_generate: 0 reads it)"
     else:
         from grpo_cli.tasks import TASKS
 
