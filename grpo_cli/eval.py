@@ -548,10 +548,10 @@ def run_eval(
         problems.append(f"--num-generations must be at least 1, got {num_generations}")
     if batch_size is not None and batch_size < 1:
         problems.append(f"--batch-size must be at least 1, got {batch_size}")
-    if temperature is not None and temperature <= 0:
+    if temperature is not None and not (math.isfinite(temperature) and temperature > 0):
         problems.append(
-            f"--temperature must be above 0 (sampling), got {temperature} - use --num-generations 1 "
-            "for greedy decoding"
+            f"--temperature must be a finite number above 0 (sampling), got {temperature} - use "
+            "--num-generations 1 for greedy decoding"
         )
     if max_new_tokens is not None and max_new_tokens < 1:
         problems.append(f"--max-new-tokens must be at least 1, got {max_new_tokens}")

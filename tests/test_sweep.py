@@ -72,6 +72,8 @@ CASES = {
         ["rewards", "test", "-c", "countdown", "--dataset_name", "d.jsonl", "--dataset_generate", "0",
          "--dataset_test_size", "0"], 2, "'target' must be a whole number",
     ),
+    "a NaN temperature to eval": ({}, ["eval", "-c", "demo/countdown-rl", "--model", "m", "--temperature", "nan"], 2,
+                                  "--temperature must be a finite number above 0"),
     "a report of garbage logs": (
         {"run/train_summary.json": "[1, 2, 3]"}, ["report", "run"], 2, "not the object the trainer writes",
     ),
