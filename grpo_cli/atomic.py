@@ -3,6 +3,7 @@ finished folder swapped in by renames. JSON is strict: a NaN or inf number is wr
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -19,18 +20,48 @@ def write_text(path: str | Path, text: str) -> None:
 
 
 def write_bytes(path: str | Path, data: bytes) -> None:
-    """Write `data` to `path` atomically, as `write_text` does."""
+    """Write `data` to `path` atomically, as `write_text` does; a full disk is one UserError saying the file is as it
+    was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         with os.fdopen(fd, "wb") as out:
             out.write(data)
         readable_as_umask_says(tmp)
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as err:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if is_disk_full(err):
+            intact = f"{path} is as it was" if path.exists() else "nothing was written"
+            raise UserError(disk_full_message(path, intact)) from None
         raise
+
+
+DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "PytorchStreamWriter failed writing file")
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """Whether `err` (or an error it came from) says the disk is full: an OSError with ENOSPC or EDQUOT, or torch's
+    and safetensors' messages for it."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(text in str(err) for text in DISK_FULL_TEXTS):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def disk_full_message(path: str | Path, intact: str) -> str:
+    """One message for a command that ran out of disk space writing `path`: the space left, and what is intact."""
+    folder = next((p for p in Path(path).absolute().parents if p.exists()), Path.cwd())
+    free = shutil.disk_usage(folder).free / 2**30
+    return f"out of disk space writing {path} ({free:.1f} GiB free now): {intact} - free some space or write it elsewhere"
 
 
 def readable_as_umask_says(path: str | Path, folder: bool = False) -> None:

@@ -16,7 +16,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from grpo_cli.atomic import check_writable, readable_tree, replace_folder
+from grpo_cli.atomic import check_writable, disk_full_message, is_disk_full, readable_tree, replace_folder
 from grpo_cli.errors import UserError
 from grpo_cli.models import find_adapter, load_tokenizer, quiet_progress_bars, resolve_model
 
@@ -251,8 +251,11 @@ def merge_adapter(
         (staging / "merge.json").write_text(json.dumps(asdict(report), indent=1) + "\n")
         readable_tree(staging)  # a server running as another user reads the merged model
         replace_folder(staging, out)  # an existing output (allowed by --force) goes only after the swap
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
+        if is_disk_full(err):
+            intact = f"{out} is as it was" if out.exists() else f"nothing was left at {out}"
+            raise UserError(disk_full_message(out, f"{intact}, and the adapter is untouched")) from None
         raise
     return report
 

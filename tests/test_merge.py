@@ -209,3 +209,13 @@ def test_leftovers_of_killed_merges_are_removed(tmp_path, tiny_adapter_dir):
         (tmp_path / name / "model.safetensors").write_bytes(b"x" * 100)
     merge_adapter(tiny_adapter_dir, out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["merged"]
+
+
+def test_a_full_disk_is_one_message_and_leaves_the_output_as_it_was(tmp_path, tiny_adapter_dir):
+    from conftest import mounted_tmpfs
+
+    with mounted_tmpfs(tmp_path / "small", "size=64k") as disk:
+        out = disk / "merged"
+        with pytest.raises(UserError, match=r"out of disk space writing .*merged \(0\.0 GiB free now\): nothing was left"):
+            merge_adapter(str(tiny_adapter_dir), str(out))
+        assert list(disk.iterdir()) == []  # no staging folder left behind

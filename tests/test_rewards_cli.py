@@ -219,3 +219,18 @@ def test_a_jsonl_string_may_hold_any_line_separator_but_newline(tmp_path):
     summary = score_file(reward_setup(TaskArguments(task="countdown")), path)
     assert [line["completion"] for line in summary["lines"]] == [text, text]
     assert all(line["countdown_equation"] == 1.0 for line in summary["lines"])
+
+
+def test_a_full_disk_is_one_message_for_the_commands_that_write_a_file(tmp_path):
+    from conftest import mounted_tmpfs
+
+    with mounted_tmpfs(tmp_path / "small", "size=64k") as disk:  # 16 pages: 15 of filler, 1 of the user's file
+        (disk / "filler").write_bytes(b"x" * 60 * 1024)
+        (disk / "kept.jsonl").write_text("mine\n")
+        with pytest.raises(UserError, match=r"out of disk space writing .*d.jsonl .*: nothing was written"):
+            invoke("data", "countdown", "--num", "200", "--out", str(disk / "d.jsonl"))
+        rows = DATA / "countdown_completions.jsonl"
+        with pytest.raises(UserError, match=r"out of disk space writing .*kept.jsonl .*: .*kept.jsonl is as it was"):
+            invoke("rewards", "score", "-c", "countdown", "-i", str(rows), "-o", str(disk / "kept.jsonl"), "--force")
+        assert (disk / "kept.jsonl").read_text() == "mine\n"
+        assert sorted(p.name for p in disk.iterdir()) == ["filler", "kept.jsonl"]

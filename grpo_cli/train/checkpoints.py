@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import errno
 import json
 import os
 import shutil
@@ -359,23 +358,6 @@ def _no_wakeup_fd_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_no_wakeup_fd_in_child)
-
-
-DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "PytorchStreamWriter failed writing file")
-
-
-def is_disk_full(err: BaseException) -> bool:
-    """Whether `err` (or an error it came from) says the disk is full: an OSError with ENOSPC or EDQUOT, or torch's
-    and safetensors' messages for it."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if any(text in str(err) for text in DISK_FULL_TEXTS):
-            return True
-        err = err.__cause__ or err.__context__
-    return False
 
 
 def disk_full_problem(output_dir: str | Path) -> str:

@@ -6,7 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-from grpo_cli.atomic import json_text, readable_tree, replace_folder, write_text
+from grpo_cli.atomic import is_disk_full, json_text, readable_tree, replace_folder, write_text
 from grpo_cli.console import console, escape
 from grpo_cli.engine.attention import use_cudnn_attention
 from grpo_cli.errors import UserError
@@ -20,7 +20,6 @@ from grpo_cli.train.checkpoints import (
     RunLock,
     Stopped,
     disk_full_problem,
-    is_disk_full,
     latest_checkpoint,
     resume_point,
 )
