@@ -27,6 +27,10 @@ A finding's state must hold for `HOLD` (3) logs in a row unless said otherwise. 
   `rewards/NAME/timed_out_frac` is at least half of that.
 - steps slowing: the median `step_time` of the last 3 logs is >= `SLOW_FACTOR` (1.5) times the median of logs 2-6
   (the first includes warm-up), with at least 8 logs.
+
+The findings that are shares of groups or completions (zero-variance, truncation, length and entropy collapse) wait
+until the logs cover `MIN_GROUPS` (16) prompt groups, as far as the recipe tells (per_device_train_batch_size x
+gradient_accumulation_steps / num_generations a log, at least): two groups a step say little for three steps.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ KL_GROWTH = 4.0
 FAIL_SHARE = 0.1
 SLOW_FACTOR = 1.5
 SLOW_MIN_LOGS = 8
+MIN_GROUPS = 16
 EPS = 1e-9
 
 # Keys whose non-finite value makes a step non-finite.
@@ -458,13 +463,25 @@ def diagnose(
     return _findings([entry for entry in history if is_training_log(entry)], values or {}, skipped_steps)
 
 
+def _groups_seen(logs: list[dict], values: dict) -> float | None:
+    """Prompt groups the logs cover at least, from the recipe's batch keys (None where it does not say)."""
+    batch, generations = _value(values, "per_device_train_batch_size"), _value(values, "num_generations")
+    if not batch or not generations:
+        return None
+    return len(logs) * batch * (_value(values, "gradient_accumulation_steps") or 1) / generations
+
+
 def _findings(logs: list[dict], values: dict, skipped_steps: list[int] | tuple[int, ...] = ()) -> list[Finding]:
     found = [f for f in (never_rewarded(logs, values),) if f]
     # A start where no completion is rewarded is `never_rewarded`'s: the checks of learning signal begin after it.
     rest = logs[_unrewarded_prefix(logs) :] if found else logs
+    groups = _groups_seen(logs, values)
+    shares = groups is None or groups >= MIN_GROUPS  # enough groups for a share of them to mean something
     for check in (zero_variance, reward_flat):
-        found.append(check(rest, values))
-    for check in (truncation_high, length_collapse, entropy_collapse, kl_rising, steps_slowing):
+        found.append(check(rest, values) if shares or check is reward_flat else None)
+    for check in (truncation_high, length_collapse, entropy_collapse):
+        found.append(check(logs, values) if shares else None)
+    for check in (kl_rising, steps_slowing):
         found.append(check(logs, values))
     found.append(nonfinite(logs, values, skipped_steps))
     found += reward_failures(logs, values)

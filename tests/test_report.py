@@ -314,7 +314,17 @@ def healthy_logs(n: int) -> list[dict]:
 
 
 def findings_of(tmp_path: Path, logs: list[dict], **recipe) -> dict:
+    recipe = {"per_device_train_batch_size": 64, **recipe}  # 8 groups of 8 completions a step
     return {f.name: f for f in read_run(write_state(tmp_path / "run", logs, recipe)).findings()}
+
+
+def test_shares_of_groups_wait_for_enough_groups(tmp_path):
+    """With the demo's batch (8 completions, 4 a prompt: 2 groups a step) a share of groups needs 8 steps."""
+    flat = [log(s, frac_reward_zero_std=1.0, entropy=0.001) for s in range(1, 9)]
+    demo = {"per_device_train_batch_size": 8, "num_generations": 4}
+    assert findings_of(tmp_path / "short", flat[:7], **demo) == {}
+    found = findings_of(tmp_path / "enough", flat, **demo)
+    assert sorted(found) == ["entropy_collapse", "zero_variance"] and found["zero_variance"].step == 1
 
 
 def test_a_healthy_run_has_no_findings(tmp_path):
