@@ -251,10 +251,11 @@ def _generate_transformers(
 
     from grpo_cli.engine import is_nonfinite_sampling
     from grpo_cli.engine.memory import is_out_of_memory
-    from grpo_cli.models import load_model, quiet_progress_bars
+    from grpo_cli.models import load_model, quiet_progress_bars, refuse_short_embedding
 
     with quiet_progress_bars():
         model = load_model(spec.model, model_args, adapter=spec.adapter)
+    refuse_short_embedding(model, tokenizer, spec.model)
     config = copy.deepcopy(model.generation_config)
     eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
     eos = list(dict.fromkeys(e for e in eos + [tokenizer.eos_token_id] if e is not None))

@@ -164,6 +164,13 @@ def merge_adapter(
     base_name = base or recorded
     if not base_name:
         raise UserError(f"{adapter_dir / 'adapter_config.json'} names no base model - pass --base MODEL")
+    relative = not base and not Path(recorded).expanduser().is_absolute() and recorded.startswith((".", "outputs/"))
+    if relative and not Path(recorded).exists():
+        raise UserError(
+            f"{adapter_dir / 'adapter_config.json'} names its base as {recorded}, a folder relative to where its "
+            f"training ran, and there is none from here ({Path.cwd()}) - run grpo merge from that folder, or pass "
+            "--base with the base model's folder"
+        )
     base_path = resolve_model(base_name)
     out = Path(output).expanduser()
     protected = [adapter_dir] + ([Path(base_path)] if Path(base_path).exists() else [])

@@ -114,7 +114,7 @@ def resolve_model(name_or_path: str, revision: str | None = None) -> str:
             raise UserError(
                 f"model {name_or_path} is a file, not a model folder - give the folder holding config.json"
             )
-        return str(path)
+        return str(path.absolute())  # what an adapter records as its base: found again from any folder
     if path.name in DEMO_MODELS and path.parent.name == "models":
         # A demo model's cache folder recorded by a run (adapter_config.json) on another machine or cache.
         return str(prepare_demo_model(path.name))
@@ -582,6 +582,19 @@ def first_nonfinite(named_tensors) -> str | None:
     finite = torch.stack([torch.isfinite(t).all().to(named[0][1].device) for _, t in named])
     bad = (~finite).nonzero()
     return named[int(bad[0])][0] if len(bad) else None
+
+
+def refuse_short_embedding(model, tokenizer, source: str) -> None:
+    """Refuse a model whose input embedding has fewer rows than its tokenizer has tokens: an id past the last row
+    (a special token of the chat template, an added token) would fail deep in the forward pass."""
+    embedding = model.get_input_embeddings()
+    rows = getattr(embedding, "num_embeddings", None)
+    if rows is not None and len(tokenizer) > rows:
+        raise UserError(
+            f"{source}: its embedding has {rows} rows and its tokenizer {len(tokenizer)} tokens, so token ids from "
+            f"{rows} on have no embedding - use the tokenizer the model was trained with, or a model whose "
+            "embeddings were resized to this tokenizer (model.resize_token_embeddings)"
+        )
 
 
 def refuse_nonfinite(model, source: str) -> None:

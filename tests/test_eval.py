@@ -420,3 +420,15 @@ def test_eval_samples_as_training_does_not_with_the_models_generation_defaults(
         for s in samples:
             by_model.setdefault(s["model"], []).append(s["completion"])
         assert by_model[str(plain)] == by_model[str(opinionated)]
+
+
+def test_a_model_whose_embedding_is_smaller_than_its_tokenizer_is_one_message(recipe, demo_tokenizer_dir, tmp_path):
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    short = tmp_path / "short"
+    config = LlamaConfig(vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(short)
+    AutoTokenizer.from_pretrained(demo_tokenizer_dir).save_pretrained(short)
+    with pytest.raises(UserError, match=r"its embedding has 1000 rows and its tokenizer 49152 tokens"):
+        run_eval(str(recipe), models=[str(short)], limit=1, output=str(tmp_path / "ev"))

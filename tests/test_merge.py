@@ -219,3 +219,13 @@ def test_a_full_disk_is_one_message_and_leaves_the_output_as_it_was(tmp_path, ti
         with pytest.raises(UserError, match=r"out of disk space writing .*merged \(0\.0 GiB free now\): nothing was left"):
             merge_adapter(str(tiny_adapter_dir), str(out))
         assert list(disk.iterdir()) == []  # no staging folder left behind
+
+
+def test_a_base_recorded_relative_to_another_folder_is_one_message(tmp_path, tiny_adapter_dir, monkeypatch):
+    adapter = tmp_path / "adapter"
+    shutil.copytree(tiny_adapter_dir, adapter)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "outputs/sft"}))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=r"names its base as outputs/sft, a folder relative to where its training ran"):
+        merge_adapter(str(adapter), str(tmp_path / "merged"))

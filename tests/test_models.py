@@ -32,6 +32,9 @@ def test_resolve_keeps_local_folders_and_hub_ids(tmp_path, monkeypatch):
 
     monkeypatch.setattr(hub, "hub_unreachable", lambda: None)  # a machine that reaches the Hub
     assert resolve_model(str(tmp_path)) == str(tmp_path)
+    (tmp_path / "outputs" / "sft").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)  # a relative folder resolves to where it is: what an adapter records as its base
+    assert resolve_model("outputs/sft") == str(tmp_path / "outputs" / "sft")
     assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 

@@ -145,6 +145,9 @@ def test_resume_continues_the_step_count(tmp_path, tiny_model_dir, capsys):
     path = recipe_file(tmp_path, tiny_model_dir, "rl", "use_peft: true\nlora_r: 4\n")
     out = train(path, "rl")
     assert state(out / "checkpoint-2")["global_step"] == 2
+    mask = os.umask(0)
+    os.umask(mask)  # a checkpoint is as readable as the umask says (safetensors alone leaves its weights 0600)
+    assert {p.stat().st_mode & 0o777 for p in (out / "checkpoint-2").iterdir() if p.is_file()} == {0o666 & ~mask}
     (out / "checkpoint-2" / "optimizer.pt").unlink()  # said aloud: the optimizer starts afresh
     train(path, "rl", ["--max_steps", "3"])
     err = capsys.readouterr().err.replace("\n", " ")

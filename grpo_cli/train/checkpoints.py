@@ -18,6 +18,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from grpo_cli.atomic import readable_tree
 from grpo_cli.console import console, escape
 from grpo_cli.errors import UserError
 from grpo_cli.models import checkpoint_folders, damaged_weights
@@ -78,6 +79,7 @@ class RunLock:
         import socket
 
         self.path = Path(output_dir) / LOCK_FILE
+        self._made_folder = not self.path.parent.exists()  # removed again on release if the run left it empty
         self.path.parent.mkdir(parents=True, exist_ok=True)
         held = _HELD_LOCKS.pop(self.path.resolve(), None)
         if held is not None:  # this process's own earlier run of the folder (one that ended early): superseded
@@ -102,11 +104,16 @@ class RunLock:
         atexit.register(self.release)
 
     def release(self) -> None:
+        """Free the folder: the lock file goes, and the folder too where the lock made it and nothing else is in it
+        (a run refused before it wrote anything leaves the disk as it found it)."""
         if self._file.closed:
             return
         with contextlib.suppress(OSError):
             self.path.unlink()
         self._file.close()
+        if self._made_folder:
+            with contextlib.suppress(OSError):
+                self.path.parent.rmdir()  # only when empty
 
 
 def run_command(output_dir: str | Path) -> str | None:
@@ -249,6 +256,15 @@ class ResumedSchedule(TrainerCallback):
         for group, rate in zip(optimizer.param_groups, rates):
             group["lr"] = rate
         lr_scheduler._last_lr = rates
+
+
+class ReadableCheckpoints(TrainerCallback):
+    """Each checkpoint as readable as the user's umask makes their own files (safetensors saves weights 0600)."""
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if state.is_world_process_zero and folder.is_dir():
+            readable_tree(folder)
 
 
 SECOND_SIGNAL_AFTER_S = 1.0

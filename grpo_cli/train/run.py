@@ -11,11 +11,19 @@ from grpo_cli.console import console, escape
 from grpo_cli.engine.attention import use_cudnn_attention
 from grpo_cli.errors import UserError
 from grpo_cli.launch import is_main_process
-from grpo_cli.models import first_nonfinite, gpu_problems, load_model, load_tokenizer, render_prompt
+from grpo_cli.models import (
+    first_nonfinite,
+    gpu_problems,
+    load_model,
+    load_tokenizer,
+    refuse_short_embedding,
+    render_prompt,
+)
 from grpo_cli.recipe import Recipe
 from grpo_cli.recipe.check import tracking_problems
 from grpo_cli.train.checkpoints import (
     GracefulStop,
+    ReadableCheckpoints,
     ResumedSchedule,
     RunLock,
     Stopped,
@@ -54,6 +62,14 @@ class TrainingRun:
         self.output_dir = Path(self.args.output_dir)
         self.main = is_main_process()
         self.lock = RunLock(self.output_dir) if self.main else None  # before anything in the folder is touched
+        try:
+            self._prepare(recipe, resume, overwrite)
+        except BaseException:
+            if self.lock is not None:  # refused or failed before training: the folder is free, as it was
+                self.lock.release()
+            raise
+
+    def _prepare(self, recipe: Recipe, resume: bool, overwrite: bool) -> None:
         self.checkpoint = resume_point(
             self.output_dir, resume, overwrite, main=self.main, max_steps=self.args.max_steps, command=recipe.command
         )
@@ -89,7 +105,9 @@ class TrainingRun:
 
     def load_model(self):
         with console.status(f"loading {self.model_args.model_name_or_path}"):
-            return load_model(self.model_args.model_name_or_path, self.model_args, for_training=True)
+            model = load_model(self.model_args.model_name_or_path, self.model_args, for_training=True)
+        refuse_short_embedding(model, self.tokenizer, self.model_args.model_name_or_path)
+        return model
 
     def peft_config(self):
         from trl import get_peft_config
@@ -98,7 +116,8 @@ class TrainingRun:
 
     def callbacks(self) -> list:
         # The guard comes after the others: it has the last word on whether a step's checkpoint is saved.
-        callbacks = [self.console, self.stop, ResumedSchedule()] + ([self.guard] if self.guard else [])
+        callbacks = [self.console, self.stop, ResumedSchedule(), ReadableCheckpoints()]
+        callbacks += [self.guard] if self.guard else []
         name = self.args.run_name or self.output_dir.name
         tracker = swanlab_callback(self.recipe.tracking, str(self.output_dir), name, self.recipe.values)
         if tracker is not None:
