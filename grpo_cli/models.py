@@ -531,6 +531,13 @@ def load_model(name_or_path: str, model_args=None, for_training: bool = False, a
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as err:
         raise _load_problem(name_or_path, err) from None
+    except RuntimeError as err:
+        if "ignore_mismatched_sizes" not in str(err) and "size mismatch" not in str(err):
+            raise
+        raise UserError(
+            f"cannot load model {name_or_path}: its weights have other shapes than its config.json says (a config "
+            "edited or taken from another model) - use the config.json the weights were saved with"
+        ) from None
     if adapter:
         from peft import PeftModel
 

@@ -504,3 +504,14 @@ def test_a_missing_modelscope_package_is_named_by_the_check(modelscope_cache, tm
         check_recipe(load_recipe(str(plain)))
     with pytest.raises(UserError, match="needs the modelscope package"):
         resolve_model("grpo-test/tiny-llama")
+
+
+def test_weights_of_other_shapes_than_the_config_are_one_message(tmp_path, tiny_model_dir):
+    import shutil
+
+    model = tmp_path / "edited"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "intermediate_size": config["intermediate_size"] + 32}))
+    with pytest.raises(UserError, match="its weights have other shapes than its config.json says"):
+        load_model(str(model))
