@@ -560,3 +560,14 @@ def test_the_plan_says_a_dataset_name_beside_generated_rows_is_not_read(tmp_path
     rows = dict(check_recipe(load_recipe(str(path), [], "rl")).rows)
     assert rows["dataset"].startswith("40 generated countdown tasks")
     assert "dataset_name mine.jsonl is not read (dataset_generate: 0 reads it)" in rows["dataset"]
+
+
+def test_bf16_on_the_cpu_is_the_machines_where_the_recipe_leaves_it_unset(tmp_path):
+    from grpo_cli.recipe.hardware import Hardware
+
+    path = write(tmp_path, "model_name_or_path: m\nuse_cpu: true\n")
+    fast = load_recipe(str(path), [], "rl", hardware=Hardware(gpu=False, cpu_bf16=True))
+    assert fast.values["bf16"] is True and fast.where("bf16") == "hardware default (no GPU, the CPU has AVX512-BF16)"
+    slow = load_recipe(str(path), [], "rl", hardware=Hardware(gpu=False))  # bf16 emulated: several times slower
+    assert slow.values["bf16"] is False and slow.where("bf16") == "hardware default (no GPU)"
+    assert load_recipe(str(path), ["--bf16", "true"], "rl", hardware=Hardware(gpu=False)).values["bf16"] is True

@@ -33,6 +33,18 @@ class Hardware:
     sharded: bool = False
     liger: bool = False
     training: bool = True
+    cpu_bf16: bool = False  # the CPU computes bfloat16 natively (AVX512-BF16 or AMX): bf16 autocast speeds it up
+
+
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU has AVX512-BF16 or AMX-BF16, where bfloat16 autocast is faster than float32 (without them
+    bf16 matrix products are emulated: several times slower)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            flags = next((line for line in info if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
 
 
 def has_cuda() -> bool:
@@ -59,6 +71,7 @@ def detect_hardware(
         sharded=kind in ("DEEPSPEED", "FSDP") or os.environ.get("ACCELERATE_USE_FSDP") == "true",
         liger=importlib.util.find_spec("liger_kernel") is not None,
         training=training,
+        cpu_bf16=cpu_has_fast_bf16(),
     )
 
 
@@ -99,7 +112,8 @@ def hardware_defaults(
 ) -> tuple[dict[str, tuple[Any, str]], list[str]]:
     """key -> (value, why) for the machine's defaults of the keys `values` leaves unset, and notes for the plan.
 
-    - No GPU: bf16 off (TRL turns bf16 mixed precision on by default: a CPU cannot run it), no pinned memory (it is
+    - No GPU: bf16 off (TRL turns bf16 mixed precision on by default: a CPU cannot run it; with `use_cpu` it is on
+      where the CPU has AVX512-BF16, else it is emulated and several times slower), no pinned memory (it is
       for copies to a GPU; torch warns without one), and with several processes `use_cpu` (else each trains alone).
     - Which engine samples `grpo rl`'s rollouts (`rollout_engine`: grpo's on a GPU, TRL's on the CPU).
     - A GPU: for `grpo rl`, liger-kernel's fused RMSNorm, rotary and SwiGLU
@@ -117,7 +131,10 @@ def hardware_defaults(
 
     default("rollout_engine", *rollout_engine(values, hardware))
     if not hardware.gpu:
-        default("bf16", False, "no GPU")
+        if hardware.cpu_bf16 and values.get("use_cpu") is True:  # transformers' CPU bf16 needs use_cpu
+            default("bf16", True, "no GPU, the CPU has AVX512-BF16")
+        else:
+            default("bf16", False, "no GPU")
         default("dataloader_pin_memory", False, "no GPU")
         if hardware.processes > 1:
             default("use_cpu", True, f"no GPU, {hardware.processes} processes")
