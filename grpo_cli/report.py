@@ -101,8 +101,7 @@ def _history_source(folder: Path) -> tuple[Path, list, dict | None] | None:
     candidates: list[tuple[int, int, Path, list, dict | None]] = []
     summary_file = folder / "train_summary.json"
     if summary_file.is_file():
-        summary = _read_json(summary_file)
-        summary = summary if isinstance(summary, dict) else {}
+        summary = _read_json(summary_file)  # refuses anything but an object
         history = _log_entries(summary)
         candidates.append((_last_step(history), 1, summary_file, history, summary))
     latest = checkpoint_folders(folder, "trainer_state.json")[-1:]
