@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -115,6 +116,7 @@ CONFIGS = {
     # LoRA of rank 16 on every linear layer, the same adapter on both sides
     "trl-lora16": ("trl", {"lora": LORA16}),
     "grpo-lora16": ("grpo", {"micro_batch": "recipe", "lora": LORA16}),
+    "grpo-lora16-mb8": ("grpo", {"micro_batch": 8, "lora": LORA16}),  # TRL's micro-batch: its peak to compare
     # one process under configs/accelerate/zero2.yaml (DeepSpeed ZeRO-2: the weights whole), full fine-tuning
     "trl-zero2": ("trl", {"accelerate": "zero2"}),
     "grpo-zero2": ("grpo", {"micro_batch": "recipe", "accelerate": "zero2"}),
@@ -127,7 +129,7 @@ CONFIGS = {
 def baseline_of(config: str) -> str:
     """The plain TRL configuration a configuration's speedup is measured against: the same set-up (LoRA, ZeRO-3),
     else TRL's defaults."""
-    twin = "trl" + config.removeprefix("grpo").removeprefix("trl")
+    twin = "trl" + re.sub(r"-mb\d+$", "", config.removeprefix("grpo").removeprefix("trl"))
     return twin if twin in CONFIGS else "trl"
 
 

@@ -162,33 +162,69 @@ def test_rollout_tokenizes_each_distinct_prompt_once(tmp_path, tiny_grpo_trainer
     assert ids[1] != ids[0]
 
 
-def test_rollout_applies_lora_layers():
-    """GRPO with LoRA samples from base + adapter: the rollout must go through the LoRA layers in place."""
+@pytest.mark.parametrize("targets", [["q_proj", "v_proj", "down_proj"], "all-linear"])
+def test_rollout_applies_lora_layers(targets):
+    """GRPO with LoRA samples from base + adapter: the decode steps fold each adapter's update (merged into the
+    stacked q/k/v copy, three kernels for the other projections), and the log-probs are PEFT's own forward's. Adapter
+    dropout is not applied while sampling, even with the model in training mode (it is back on after)."""
     import torch
     from peft import LoraConfig, get_peft_model
 
     from grpo_cli.engine import rollout
 
     model = get_peft_model(
-        tiny_model("qwen2"), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
+        tiny_model("qwen2"), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.5, target_modules=targets)
     )
     with torch.no_grad():  # a trained adapter: B is no longer zero, so the adapter changes the logits
         for name, param in model.named_parameters():
             if "lora_B" in name:
                 param.normal_(std=0.5)
-    model.eval()
+    model.train()  # as during training: dropout modules active
     inner = model.get_base_model()  # what the rollout gets from the trainer (LoRA layers stay in place)
-    assert rollout._stacked_qkv(inner.model.layers[0].self_attn) is None  # q and v carry adapters
-    assert rollout.stacked_qkv_bytes(inner) == 0
+    attn = inner.model.layers[0].self_attn
+    weight, _, sizes = rollout._stacked_qkv(attn)
+    assert sizes == [64, 32, 32]
+    delta = attn.q_proj.lora_B["default"].weight @ attn.q_proj.lora_A["default"].weight * 2.0
+    assert torch.allclose(weight[:64], attn.q_proj.base_layer.weight + delta, atol=1e-6)  # q's update merged
+    assert rollout.stacked_qkv_bytes(inner) == 2 * (weight.nbytes + 128 * 4)  # two layers, with q/k/v biases
+    folded = rollout._folded_linears(inner.model.layers[0])
+    assert isinstance(folded[3], rollout._FoldedLoRA)  # down_proj
     completions, logprobs = rollout.sample_completions(
         inner, PROMPTS, 16, eos_token_ids=[3], pad_token_id=0, sampling=rollout.Sampling(temperature=1.0)
     )
+    assert model.training and attn.q_proj.lora_dropout["default"].training  # as the trainer left it
+    model.eval()
     for prompt, completion, logp in zip(PROMPTS, completions, logprobs, strict=True):
         with_adapter = teacher_forced_logprobs(model, prompt, completion, 1.0)
         assert max(abs(a - b) for a, b in zip(logp, with_adapter, strict=True)) < 1e-4
         with model.disable_adapter():
             without = teacher_forced_logprobs(model, prompt, completion, 1.0)
         assert max(abs(a - b) for a, b in zip(logp, without, strict=True)) > 1e-3
+
+
+def test_rollout_leaves_unfoldable_lora_layers_to_peft():
+    """A LoRA layer the decode steps cannot fold (DoRA's magnitude vector) runs as PEFT's module, with the same
+    log-probs as PEFT's forward."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from grpo_cli.engine import rollout
+
+    model = get_peft_model(tiny_model("llama"), LoraConfig(r=4, use_dora=True, target_modules=["q_proj", "o_proj"]))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.5)
+    model.eval()
+    inner = model.get_base_model()
+    assert rollout._stacked_qkv(inner.model.layers[0].self_attn) is None
+    assert rollout._folded_linears(inner.model.layers[0]) is None
+    completions, logprobs = rollout.sample_completions(
+        inner, PROMPTS, 12, eos_token_ids=[3], pad_token_id=0, sampling=rollout.Sampling(temperature=1.0)
+    )
+    for prompt, completion, logp in zip(PROMPTS, completions, logprobs, strict=True):
+        reference = teacher_forced_logprobs(model, prompt, completion, 1.0)
+        assert max(abs(a - b) for a, b in zip(logp, reference, strict=True)) < 1e-4
 
 
 def test_rollout_ends_at_eos_and_top_k_one_is_greedy():
@@ -496,6 +532,41 @@ def test_flash_decode_attention_gives_the_models_own_log_probs(kind, monkeypatch
             for p, c, logp in zip(prompts, completions, logprobs, strict=True)
         )
     assert errors[True] < 0.1 and errors[True] < 2 * errors[False] + 0.02, errors
+
+
+@pytest.mark.gpu
+def test_folded_lora_decode_gives_peft_log_probs_in_bf16():
+    """On the GPU, in bf16 and through CUDA graphs, the folded LoRA decode steps (the update merged into the stacked
+    q/k/v copy, three kernels for the other projections) give PEFT's own forward's log-probs as closely as the
+    model without adapters gives its own; the base weights are left as they were."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from grpo_cli.engine import rollout
+
+    plain = tiny_model("qwen2").to("cuda", torch.bfloat16)
+    model = get_peft_model(tiny_model("qwen2"), LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.3)
+    model = model.to("cuda", torch.bfloat16).eval()
+    inner = model.get_base_model()
+    before = inner.model.layers[0].self_attn.q_proj.base_layer.weight.clone()
+    prompts = PROMPTS * 3
+    errors = {}
+    for name, sampled, reference in (("plain", plain, plain), ("lora", inner, model)):
+        torch.manual_seed(5)
+        completions, logprobs = rollout.sample_completions(
+            sampled, prompts, 30, eos_token_ids=[3], pad_token_id=0, sampling=rollout.Sampling(temperature=0.7)
+        )
+        errors[name] = max(
+            max(abs(a - b) for a, b in zip(logp, teacher_forced_logprobs(reference, p, c, 0.7), strict=True))
+            for p, c, logp in zip(prompts, completions, logprobs, strict=True)
+        )
+    assert not rollout._GRAPHS_BROKEN and inner in rollout._GRAPHS_CHECKED
+    assert torch.equal(inner.model.layers[0].self_attn.q_proj.base_layer.weight, before)
+    assert errors["lora"] < 0.1 and errors["lora"] < 2 * errors["plain"] + 0.02, errors
 
 
 @pytest.mark.gpu

@@ -23,6 +23,7 @@ from __future__ import annotations
 import inspect
 import logging
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 logger = logging.getLogger("grpo_cli.engine.rollout")
@@ -149,28 +150,118 @@ def _flash_decode(queries, keys, values, query_starts, key_starts, max_queries: 
     )[0]
 
 
+def _foldable_adapters(linear) -> list[str] | None:
+    """The active adapters of a PEFT LoRA layer whose update the decode steps fold (`_lora_factors`), or None where the
+    layer is something else: a plain or quantized linear, a merged or disabled adapter, DoRA or another variant, an
+    adapter with a bias.
+
+    The rollout samples from base + adapter as PEFT's forward computes it in eval mode: adapter dropout, a training
+    regularizer of the update, is not applied while sampling (vLLM's LoRA serving does not apply it either)."""
+    import torch
+
+    base = getattr(linear, "base_layer", None)
+    if type(base) is not torch.nn.Linear or not hasattr(linear, "lora_A") or getattr(linear, "fan_in_fan_out", False):
+        return None
+    if getattr(linear, "merged", False) or getattr(linear, "disable_adapters", False):
+        return None
+    adapters = [name for name in linear.active_adapters if name in linear.lora_A]
+    if not adapters or any(name in getattr(linear, "lora_variant", {}) for name in adapters):
+        return None
+    if any(linear.lora_B[name].bias is not None for name in adapters):
+        return None
+    return adapters
+
+
+def _lora_factors(linear):
+    """A foldable LoRA layer's base `nn.Linear` and its adapters' update as two factors (A: [rank, in], B: [out,
+    rank], the scaling folded into B; several adapters side by side); None where `_foldable_adapters` says no."""
+    import torch
+
+    adapters = _foldable_adapters(linear)
+    if adapters is None:
+        return None
+    a = torch.cat([linear.lora_A[name].weight for name in adapters])
+    b = torch.cat([linear.lora_B[name].weight * linear.scaling[name] for name in adapters], dim=1)
+    return linear.base_layer, a, b
+
+
+def _whole_linear(linear):
+    """A projection's weight and bias as one `nn.Linear` computes them, with any foldable LoRA update merged into a
+    new weight (computed in float32, rounded once), or None where it has neither form (quantized weights)."""
+    import torch
+
+    if type(linear) is torch.nn.Linear:
+        return linear.weight, linear.bias
+    factors = _lora_factors(linear)
+    if factors is None:
+        return None
+    base, a, b = factors
+    merged = torch.addmm(base.weight.float(), b.float(), a.float()).to(base.weight.dtype)  # never in place
+    return merged, base.bias
+
+
 def _stackable_projections(attn):
-    """The attention's q/k/v projections where they can be stacked into one matrix: plain `nn.Linear` layers (not
-    LoRA layers or quantized weights), all with a bias or all without (else None)."""
+    """The attention's q/k/v projections where they can be stacked into one matrix: plain `nn.Linear` layers or LoRA
+    layers over them (`_lora_factors`), all with a bias or all without (else None)."""
     import torch
 
     projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-    if any(type(p) is not torch.nn.Linear for p in projections) or len({p.bias is None for p in projections}) > 1:
+    bases = [p.base_layer if _foldable_adapters(p) is not None else p for p in projections]
+    if any(type(p) is not torch.nn.Linear for p in bases) or len({p.bias is None for p in bases}) > 1:
         return None
-    return projections
+    return bases
 
 
 def _stacked_qkv(attn):
-    """The q/k/v projections' weights and biases stacked into one matrix, so a layer makes one matrix product where it
-    made three (a decode step's are small enough that each one's launch, not its reading, sets its time), or None
-    where they cannot be stacked. A copy, made at each rollout: the weights change at every optimizer step."""
+    """The q/k/v projections' weights and biases stacked into one matrix, any LoRA update merged in, so a layer makes
+    one matrix product where it made three (a decode step's are small enough that each one's launch, not its reading,
+    sets its time), or None where they cannot be stacked. A copy, made at each rollout: the weights change at every
+    optimizer step."""
     import torch
 
-    projections = _stackable_projections(attn)
-    if projections is None:
+    if _stackable_projections(attn) is None:
         return None
-    bias = None if projections[0].bias is None else torch.cat([p.bias for p in projections])
-    return torch.cat([p.weight for p in projections]), bias, [p.out_features for p in projections]
+    whole = [_whole_linear(p) for p in (attn.q_proj, attn.k_proj, attn.v_proj)]
+    bias = None if whole[0][1] is None else torch.cat([b for _, b in whole])
+    return torch.cat([w for w, _ in whole]), bias, [w.shape[0] for w, _ in whole]
+
+
+class _FoldedLoRA:
+    """A LoRA layer's product in a decode step: the base weight's, then the adapter's low-rank update added in place
+    with its scaling folded into B, all in the weight's dtype: three kernels, where PEFT's forward launches about
+    seven (the input cast to the adapter's float32, two products, the scaling, the sum, the cast back)."""
+
+    def __init__(self, base, a, b):
+        self.weight, self.bias = base.weight, base.bias
+        self.a = a.to(base.weight.dtype)
+        self.bt = b.t().to(base.weight.dtype)
+
+    def __call__(self, x):
+        import torch
+
+        out = torch.nn.functional.linear(x, self.weight, self.bias)
+        low = torch.nn.functional.linear(x, self.a)
+        out.view(-1, out.shape[-1]).addmm_(low.view(-1, low.shape[-1]), self.bt)
+        return out
+
+
+def _decode_linear(linear):
+    """What a decode step calls for one projection: `_FoldedLoRA` for a foldable LoRA layer, the module itself
+    otherwise."""
+    factors = _lora_factors(linear)
+    return linear if factors is None else _FoldedLoRA(*factors)
+
+
+def _folded_linears(layer):
+    """A layer's o, gate, up and down projections for the decode steps where any of them is a foldable LoRA layer and
+    the MLP is the gated one of the supported families (act(gate(x)) * up(x) -> down), else None (the modules run)."""
+    mlp = layer.mlp
+    if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+        return None
+    linears = (layer.self_attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    if all(_foldable_adapters(linear) is None for linear in linears):
+        return None
+    return tuple(_decode_linear(linear) for linear in linears)
 
 
 def _whole_bytes(parameter) -> int:
@@ -192,6 +283,26 @@ def gathered_bytes(model) -> int:
     process at its whole size (gathered for the rollout), and the stacked q/k/v weights made from them."""
     partitioned = [p for p in model.parameters() if hasattr(p, "ds_numel") and p.numel() < p.ds_numel]
     return sum(_whole_bytes(p) for p in partitioned) + stacked_qkv_bytes(model)
+
+
+@contextmanager
+def _adapter_dropout_off(model):
+    """LoRA dropout off while sampling (`_foldable_adapters`), back as it was after, for the layers the decode steps fold:
+    the prefill runs their PEFT modules, which would apply it in training mode."""
+    switched = [
+        dropout
+        for module in model.modules()
+        if _foldable_adapters(module) is not None
+        for dropout in module.lora_dropout.values()
+        if dropout.training
+    ]
+    for dropout in switched:
+        dropout.train(False)
+    try:
+        yield
+    finally:
+        for dropout in switched:
+            dropout.train(True)
 
 
 def _has_active_dropout(model) -> bool:
@@ -221,6 +332,7 @@ class _Decoder:
         self.pad_start = pad_start.view(batch, 1, 1, 1)  # first real token of each left-padded row
         self.positions = torch.arange(max_len, device=device)
         self.qkv = [None] * len(self.layers)  # the stacked q/k/v weights, once `stack_projections` made them
+        self.linears = [None] * len(self.layers)  # o, gate, up, down with LoRA folded (`stack_projections`)
         self.flash = _flash_decode_available(device, dtype, self.head_dim)
         if self.flash:
             # One sequence per (row, key/value head) in the flattened cache, starting at the row's first real token
@@ -277,8 +389,15 @@ class _Decoder:
             del k, v  # in the cache now; with stacked projections, v would keep their whole output alive
             if length == 1:
                 out = self._decode_attention(i, q, mask, kv_len)
-            h = h + attn.o_proj(out.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            out = out.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim)
+            if self.linears[i] is None:
+                h = h + attn.o_proj(out)
+                h = h + layer.mlp(layer.post_attention_layernorm(h))
+                continue
+            o_proj, gate_proj, up_proj, down_proj = self.linears[i]
+            h = h + o_proj(out)
+            x = layer.post_attention_layernorm(h)
+            h = h + down_proj(layer.mlp.act_fn(gate_proj(x)) * up_proj(x))
         return self.lm_head(self.core.norm(h[:, -1:, :]))[:, -1, :]
 
     def _decode_attention(self, i: int, q, mask, kv_len: int):
@@ -306,9 +425,11 @@ class _Decoder:
         return out.reshape(batch, self.heads, 1, self.head_dim)  # SDPA may return it strided
 
     def stack_projections(self) -> None:
-        """Make the decode steps' q/k/v one matrix product per layer (`_stacked_qkv`). Called after the prefill, so the
-        stacked copy and the prefill's activations are never held at once."""
+        """Make the decode steps' q/k/v one matrix product per layer (`_stacked_qkv`), and their other projections'
+        LoRA updates three kernels each (`_FoldedLoRA`). Called after the prefill, so the stacked copy and the
+        prefill's activations are never held at once."""
         self.qkv = [_stacked_qkv(layer.self_attn) for layer in self.layers]
+        self.linears = [_folded_linears(layer) for layer in self.layers]
 
     def prefill(self, ids, attention_mask, rows=None):
         """Run the prompts [U, P] through the model; the last position's logits of every cache row. `rows` ([B]) is
@@ -577,7 +698,7 @@ def sample_completions(
     max_len = prompt_len + max_new_tokens
     use_graphs = cuda_graphs and device.type == "cuda" and not _GRAPHS_BROKEN
 
-    with torch.no_grad():
+    with torch.no_grad(), _adapter_dropout_off(model):
         decoder = _Decoder(model, batch, max_len, pad_start, device, dtype)
         tokens = torch.full((batch, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
