@@ -365,7 +365,7 @@ ROW_KEYS = {
     "model": ("model_name_or_path", "use_peft", "load_in_4bit"),
     "dtype": ("dtype",),
     "task": ("task",),
-    "dataset": ("dataset_generate", "dataset_name", "max_samples"),
+    "dataset": ("dataset_generate", "dataset_generate_name", "dataset_generate_config", "dataset_name", "max_samples"),
     "rewards": ("reward_funcs", "reward_weights"),
     "effective batch": ("per_device_train_batch_size", "gradient_accumulation_steps"),
     "generations": ("num_generations", "max_completion_length"),

@@ -6,6 +6,7 @@ import itertools
 import random
 from fractions import Fraction
 
+from grpo_cli.arguments import TaskArguments
 from grpo_cli.errors import UserError
 from grpo_cli.tasks.equation import (
     EquationError,
@@ -240,8 +241,15 @@ class CountdownTask(Task):
         answer = answer_of(text)
         return answer is not None and check_equation(answer, list(row["nums"]), int(row["target"])) is None
 
-    def generate(self, num: int, seed: int, numbers: tuple[int, int]) -> list[dict] | None:
-        return generate_rows(num, seed, min_numbers=numbers[0], max_numbers=numbers[1])
+    generate_keys = ("dataset_generate_numbers",)
+
+    def generate(self, args: TaskArguments) -> list[dict] | None:
+        fewest, most = args.dataset_generate_numbers
+        return generate_rows(args.dataset_generate, args.dataset_seed, min_numbers=fewest, max_numbers=most)
+
+    def generated_source(self, args: TaskArguments) -> str:
+        numbers = "-".join(str(n) for n in dict.fromkeys(args.dataset_generate_numbers))  # 3-4, or 2 for [2, 2]
+        return f"{args.dataset_generate} generated countdown tasks of {numbers} numbers (seed {args.dataset_seed})"
 
 
 def _is_int(value) -> bool:

@@ -28,8 +28,7 @@ def _looks_local(name: str) -> bool:
 def dataset_source(args: TaskArguments) -> str:
     """Where the rows come from, in words: the file, the Hub id, or the generator."""
     if args.dataset_generate > 0:
-        numbers = "-".join(str(n) for n in dict.fromkeys(args.dataset_generate_numbers))  # 3-4, or 2 for [2, 2]
-        return f"{args.dataset_generate} generated {args.task} tasks of {numbers} numbers (seed {args.dataset_seed})"
+        return get_task(args.task).generated_source(args)
     return args.dataset_name or get_task(args.task).default_dataset
 
 
@@ -63,6 +62,11 @@ def task_problems(args: TaskArguments) -> list[Problem]:
         problems.append(
             Problem("dataset_generate", f"dataset_generate: task {task.name} cannot generate data - set dataset_name instead")
         )
+    for key in ("dataset_generate_name", "dataset_generate_config"):
+        if getattr(args, key) and key not in task.generate_keys:
+            readers = sorted(name for name, other in TASKS.items() if key in other.generate_keys)
+            problems.append(Problem(key, f"{key} is read by task {', '.join(readers)} only, and the task is {task.name} - drop it"))
+    problems.extend(task.generation_problems(args))
     if args.dataset_test_size < 0:
         problems.append(Problem("dataset_test_size", f"dataset_test_size must be 0 or more, got {args.dataset_test_size}"))
     if args.max_samples is not None and args.max_samples < 1:
@@ -84,7 +88,7 @@ def _load_all(args: TaskArguments, task: Task) -> datasets.DatasetDict:
     import datasets
 
     if args.dataset_generate > 0:
-        rows = task.generate(args.dataset_generate, args.dataset_seed, tuple(args.dataset_generate_numbers))
+        rows = task.generate(args)
         if rows is None:
             raise UserError(
                 f"dataset_generate: task {task.name} cannot generate data - set dataset_name instead"

@@ -7,6 +7,7 @@ from typing import Any
 
 from grpo_cli.arguments import TaskArguments
 from grpo_cli.errors import UserError
+from grpo_cli.problems import Problem
 
 TASKS: dict[str, Task] = {}
 
@@ -148,10 +149,23 @@ class Task:
         """Whether the text's final answer is correct for the row."""
         raise UserError(f"task {self.name} has no correctness check")
 
-    def generate(self, num: int, seed: int, numbers: tuple[int, int]) -> list[dict] | None:
-        """Generated rows, for tasks that can make their own data; None otherwise. `numbers`: the fewest and the
-        most numbers in a problem (`dataset_generate_numbers`), for tasks whose problems have them."""
+    # Generated data (dataset_generate).
+
+    # The dataset_generate_* keys the task's generator reads beyond dataset_generate and dataset_seed.
+    generate_keys: tuple[str, ...] = ()
+
+    def generate(self, args: TaskArguments) -> list[dict] | None:
+        """`args.dataset_generate` generated rows from `args.dataset_seed`, for tasks that can make their own data;
+        None otherwise."""
         return None
+
+    def generation_problems(self, args: TaskArguments) -> list[Problem]:
+        """Problems with the recipe's keys for the task's data that only the task can see (before generating)."""
+        return []
+
+    def generated_source(self, args: TaskArguments) -> str:
+        """The generated rows, in words."""
+        return f"{args.dataset_generate} generated {self.name} tasks (seed {args.dataset_seed})"
 
     @property
     def generates(self) -> bool:
@@ -191,7 +205,9 @@ def task_table():
         table.add_column(column, overflow="fold")
     for name in sorted(TASKS):
         task = TASKS[name]
-        dataset = task.default_dataset + ("\n(or generated)" if task.generates else "")
+        dataset = task.default_dataset
+        if task.generates:
+            dataset += "\n(or generated)" if dataset else "(generated)"
         table.add_row(
             name, dataset, ", ".join(task.answer_columns), ", ".join(task.default_rewards), task.description
         )
