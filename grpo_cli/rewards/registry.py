@@ -34,7 +34,8 @@ class RewardSpec:
     columns: tuple[str, ...] = ()  # dataset columns the reward reads
     params: tuple[str, ...] = ()  # recipe keys the reward reads, passed to it as keyword arguments of those names
     source: str = "built-in"
-    # how a process of its own imports a user's reward: an absolute file path or a module, then `:function`
+    # how a process of its own finds the reward (None: it runs in the training process): a built-in's name, or for a
+    # user's reward an absolute file path or a module, then `:function`
     reference: str | None = None
 
     @property
@@ -69,11 +70,14 @@ def reward(
     doc: str = "",
     columns: tuple[str, ...] = (),
     params: tuple[str, ...] = (),
+    isolated: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Decorator: register a TRL reward function `fn(prompts, completions, **kwargs) -> list[float | None]`.
 
     `failure` defaults to `low` (else 0.0): a completion that crashes or hangs the reward scores the worst.
     `params`: recipe keys whose values the reward receives as keyword arguments (e.g. `max_completion_length`).
+    `isolated`: run it in a process of its own, as users' rewards run, for rewards that call code not bounded by
+    construction (another library's scorers): one stuck in a long C call is stopped there.
     """
 
     def register(func: Callable) -> Callable:
@@ -88,6 +92,7 @@ def reward(
             columns=tuple(columns),
             params=tuple(params),
             source="built-in" if func.__module__.startswith("grpo_cli.") else func.__module__,
+            reference=name if isolated else None,
         )
         if name in REWARDS and REWARDS[name].func is not func and spec.source == "built-in":
             raise ValueError(f"reward {name} is registered twice")
