@@ -407,6 +407,46 @@ def data_countdown(
     console.print(f"[bold green]wrote[/] {len(rows)} countdown tasks to {escape(str(out))} (seed {seed})")
 
 
+@data_app.command("reasoning_gym")
+def data_reasoning_gym(
+    name: Annotated[
+        str | None, typer.Argument(help="reasoning-gym dataset, e.g. gsm_symbolic; none: list the datasets.")
+    ] = None,
+    num: Annotated[int, typer.Option("--num", "-n", help="How many rows.")] = 1000,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed: the same seed writes the same rows.")] = 0,
+    config: Annotated[
+        list[str] | None,
+        typer.Option("--config", help="A config key of the dataset as KEY=VALUE (YAML value), e.g. max_terms=3; repeat."),
+    ] = None,
+    out: Annotated[str | None, typer.Option("--out", "-o", help="Output .jsonl file. Default: NAME.jsonl.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")] = False,
+) -> None:
+    """Write rows of a reasoning-gym dataset (question, answer, what its scorer reads) for `task: reasoning_gym`.
+
+    Load them with `dataset_name: NAME.jsonl`, or generate them in the recipe itself: `dataset_generate: N` with
+    `dataset_generate_name: NAME` and `dataset_generate_config`.
+    """
+    import yaml
+
+    from grpo_cli.console import console, escape, output
+    from grpo_cli.tasks.reasoning_gym import dataset_table, write_generated
+
+    if name is None:
+        output.print(dataset_table())
+        return
+    values = {}
+    for item in config or []:
+        key, sep, text = item.partition("=")
+        try:
+            if not sep or not key.strip():
+                raise ValueError
+            values[key.strip()] = yaml.safe_load(text)
+        except (ValueError, yaml.YAMLError):
+            raise UserError(f"--config {item!r}: write KEY=VALUE with a YAML value, e.g. --config max_terms=3") from None
+    rows = write_generated(out or f"{name}.jsonl", name, num, seed, values, force)
+    console.print(f"[bold green]wrote[/] {len(rows)} {escape(name)} rows to {escape(out or f'{name}.jsonl')} (seed {seed})")
+
+
 rewards_app = typer.Typer(help="Reward functions: list them, score completions, test a recipe's set.", no_args_is_help=True)
 app.add_typer(rewards_app, name="rewards")
 

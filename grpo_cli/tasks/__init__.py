@@ -1,11 +1,12 @@
 """Tasks: turn dataset rows into prompts, know their answer columns, default rewards and correctness check.
 
-Built in: countdown, gsm8k, dapo_math. Nothing heavy is imported here (datasets and math-verify load lazily).
+Built in: countdown, gsm8k, dapo_math, reasoning_gym. Nothing heavy is imported here (datasets, math-verify and
+reasoning-gym load lazily).
 """
 
 from __future__ import annotations
 
-from grpo_cli.tasks import countdown, dapo_math, gsm8k  # noqa: F401  (register the built-in tasks)
+from grpo_cli.tasks import countdown, dapo_math, gsm8k, reasoning_gym  # noqa: F401  (register the built-in tasks)
 from grpo_cli.tasks.dataset import (
     CHAT_TEMPLATES,
     chat_template_text,
