@@ -215,14 +215,26 @@ def check(
     accelerate_config: Annotated[
         str | None, typer.Option("--accelerate-config", help="accelerate config file the run will use.")
     ] = None,
+    gpu: Annotated[
+        str | None,
+        typer.Option("--gpu", help="Predict the peak memory and step time on this card, e.g. H100-80GB, A100-40GB, RTX-4090."),
+    ] = None,
+    gpu_memory: Annotated[
+        float | None, typer.Option("--gpu-memory", help="Predict for a card of this many GiB (with --gpu: that card's speed).")
+    ] = None,
 ) -> None:
-    """Validate a recipe without loading a model or a dataset, and print the resolved plan.
+    """Validate a recipe without loading a model or a dataset, and print the resolved plan; on a GPU, or for the card
+    that --gpu / --gpu-memory name, the predicted peak GPU memory and step time, and what would make it fit.
 
     Keys after the recipe override it: `grpo check -c countdown --learning_rate 1e-6`.
     """
+    from grpo_cli.recipe.hardware import has_cuda
     from grpo_cli.recipe.show import check_and_show
 
-    check_and_show(config, ctx.args, command, num_processes, accelerate_config)
+    predict = gpu is not None or gpu_memory is not None or has_cuda()  # without either: this machine's GPU
+    check_and_show(
+        config, ctx.args, command, num_processes, accelerate_config, predict_memory=predict, gpu=gpu, gpu_memory=gpu_memory
+    )
 
 
 # --- merge -------------------------------------------------------------------------------------------------------

@@ -93,9 +93,13 @@ def check_and_show(
     num_processes: int | None = None,
     accelerate_config: str | None = None,
     show: bool = True,
+    predict_memory: bool = False,
+    gpu: str | None = None,
+    gpu_memory: float | None = None,
 ) -> tuple[Recipe, Plan]:
     """Load a recipe with this machine's defaults for the run's processes and accelerate config, check it, print its
-    plan (what the run will use); raises UserError with every problem found."""
+    plan (what the run will use) and, with `predict_memory`, the predicted peak memory and step time of a `grpo rl`
+    run on the card `gpu` or `gpu_memory` names (else this machine's); raises UserError with every problem found."""
     from grpo_cli.launch import load_accelerate_config
     from grpo_cli.launch import num_processes as count_processes
     from grpo_cli.recipe.hardware import detect_hardware
@@ -108,4 +112,57 @@ def check_and_show(
     plan = check_recipe(recipe, processes, launch_config, problems)
     if show:
         print_plan(recipe, plan)
+    if predict_memory:
+        show_memory_plan(recipe, processes, launch_config, gpu, gpu_memory)
     return recipe, plan
+
+
+def show_memory_plan(
+    recipe: Recipe, processes: int, launch_config: dict | None, gpu: str | None, gpu_memory: float | None
+) -> None:
+    """The predicted peak GPU memory per process, split by part, the verdict on the card, and the changes that would
+    fit a run that does not; one line instead where nothing can be predicted."""
+    from grpo_cli.engine.estimate import GIB
+    from grpo_cli.recipe.memory import PROMPT_TOKENS, card_for, memory_plan
+
+    card = card_for(gpu, gpu_memory)  # a bad --gpu is the user's mistake: exit 2
+    if recipe.command != "rl":
+        console.print("memory: predicted for `grpo rl` recipes only")
+        return
+    if card is None:
+        console.print("memory: no GPU here - `--gpu NAME` or `--gpu-memory GIB` predicts the peak for a card")
+        return
+    try:
+        mp = memory_plan(recipe, processes, launch_config, card)
+    except UserError as err:
+        console.print(f"[yellow]memory: not predicted:[/] {escape(str(err))}", soft_wrap=True)
+        return
+    result = mp.estimate
+    table = Table(
+        title=f"Predicted GPU memory per process, {escape(card.name)} ({card.memory_gib:.1f} GiB)",
+        title_justify="left",
+    )
+    table.add_column("part")
+    table.add_column("GiB", justify="right")
+    for part, size in result.parts.items():
+        table.add_row(part, f"{size / GIB:.2f}")
+    table.add_row(f"peak, {result.peak_moment}", f"{result.peak / GIB:.2f}", style="bold")
+    output.print(table)
+    run = mp.shape
+    def seconds(value: float) -> str:
+        return f"{value:.1f} s" if value < 10 else f"{value:.0f} s"
+
+    output.print(
+        f"step: about {seconds(result.step_s)} ({seconds(result.generation_s)} sampling {run.rollout_rows} completions "
+        f"of up to {run.completion_tokens} tokens, {seconds(result.train_s)} forward/backward), prompts of "
+        f"{PROMPT_TOKENS} tokens assumed; the model's config.json read, nothing loaded",
+        soft_wrap=True,
+    )
+    if mp.fits:
+        output.print(f"[green]fits[/]: {result.peak / GIB:.1f} GiB of {card.memory_gib:.1f}")
+        return
+    output.print(f"[red]does not fit[/]: {result.peak / GIB:.1f} GiB predicted, {card.memory_gib:.1f} on the card")
+    if not mp.fixes:
+        output.print("no single change fits it: a smaller model, or several of LoRA, ZeRO-3 and shorter completions")
+    for what, after in mp.fixes:
+        output.print(f"  fits with {escape(what)}: {after.peak / GIB:.1f} GiB", soft_wrap=True)

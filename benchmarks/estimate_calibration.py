@@ -1,0 +1,119 @@
+"""How close `grpo check`'s predicted peak memory and step time come to what `benchmarks/grpo_bench.py` measured.
+
+    python benchmarks/estimate_calibration.py benchmarks/results/*/*.json --out calibration.json
+
+Reads every `grpo` configuration that finished in the given results files (one H200 each), predicts it from its
+shape and set-up with `grpo_cli.engine.estimate`, and prints predicted against measured: the peak (torch's
+`max_memory_allocated`) and the median step after the warm-up. Runs on the CPU in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.grpo_bench import CONFIGS, SHAPES
+from grpo_cli.engine.estimate import CARDS, GIB, LINEAR_NAMES, ModelShape, RunShape, estimate
+from grpo_cli.engine.offload import layer_input_share
+
+GENERATIONS = 8  # grpo_bench.py's completions per prompt
+PROMPTS = 16
+
+
+def _config(shape: str):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(**{"tie_word_embeddings": True, **SHAPES[shape]})  # as grpo_bench.py builds them
+
+
+def run_shape(entry: dict) -> RunShape:
+    """The set-up of one grpo_bench.py result entry, with the machine defaults its run had."""
+    _, keys = CONFIGS[entry["config"]]
+    overrides = {**keys, **(entry.get("overrides") or {})}
+    lora = entry.get("lora") or {}
+    rows = PROMPTS * GENERATIONS
+    calls = (entry.get("steps") or [{}])[-1].get("calls") or [{"batch": rows, "prompt_len": 147}]
+    sharded = entry.get("accelerate") is not None
+    offload = overrides.get("activation_offloading")
+    if offload is None:  # the GPU default (grpo_cli.recipe.hardware.training_sets_the_peak)
+        share = layer_input_share(_config(entry["shape"]), entry["micro_batch"], rows)
+        offload = not sharded and share >= (1.0 if lora else 0.5)
+    targets = lora.get("target_modules")
+    return RunShape(
+        micro_batch=entry["micro_batch"],
+        rollout_rows=calls[0]["batch"],
+        prompt_tokens=calls[0]["prompt_len"],
+        completion_tokens=entry["length"],
+        lora_rank=lora.get("r", 0),
+        lora_modules=LINEAR_NAMES if targets in (None, "all-linear") else tuple(targets),
+        gradient_checkpointing=overrides.get("gradient_checkpointing", True),
+        activation_offloading=bool(offload),
+        zero_stage={"zero2": 2, "zero3": 3}.get(entry.get("accelerate"), 0),
+        grpo_sampler=overrides.get("cache_implementation", "static") == "static",
+    )
+
+
+def rows_of(paths: list[str]) -> list[dict]:
+    found: dict = {}  # a later file's measurement of the same set-up replaces an earlier one's
+    for path in sorted(paths):
+        data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict):
+            continue
+        entries = data.get("results") or [e for call in data.get("calls") or [] for e in call.get("results") or []]
+        for entry in entries:
+            if not isinstance(entry, dict) or entry.get("status") != "done" or entry.get("side") != "grpo":
+                continue
+            if entry.get("shape") not in SHAPES or entry.get("config") not in CONFIGS:
+                continue
+            if any(word in entry["config"] for word in ("cudnn", "guard", "dynamic", "-cb")):
+                continue  # switches the estimate does not model
+            run = run_shape(entry)
+            shape = ModelShape.of(_config(entry["shape"]))
+            predicted = estimate(shape, run, CARDS["H200"])
+            summary = entry["summary"]
+            found[(entry["shape"], run)] = (
+                {
+                    "file": str(Path(path).relative_to(ROOT)) if Path(path).is_absolute() else path,
+                    "shape": entry["shape"],
+                    "tokens": entry["length"],
+                    "config": entry["config"],
+                    "micro_batch": run.micro_batch,
+                    "offloading": run.activation_offloading,
+                    "peak_gib": round(summary["peak_gib"], 2),
+                    "predicted_peak_gib": round(predicted.peak / GIB, 2),
+                    "peak_error": round(predicted.peak / GIB / summary["peak_gib"] - 1, 3),
+                    "step_s": round(summary["step_s"], 2),
+                    "predicted_step_s": round(predicted.step_s, 2),
+                    "step_error": round(predicted.step_s / summary["step_s"] - 1, 3),
+                }
+            )
+    return list(found.values())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="+")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    rows = rows_of(args.results)
+    print(f"{'shape':14} {'tok':>5} {'config':18} {'mb':>3} off {'peak':>6} {'pred':>6} {'err':>6} {'step':>6} {'pred':>6} {'err':>6}")
+    for r in rows:
+        print(
+            f"{r['shape']:14} {r['tokens']:>5} {r['config']:18} {r['micro_batch']:>3} {'y' if r['offloading'] else 'n':>3} "
+            f"{r['peak_gib']:>6} {r['predicted_peak_gib']:>6} {r['peak_error']:>+6.1%} "
+            f"{r['step_s']:>6} {r['predicted_step_s']:>6} {r['step_error']:>+6.1%}"
+        )
+    worst = max(abs(r["peak_error"]) for r in rows), max(abs(r["step_error"]) for r in rows)
+    print(f"{len(rows)} configurations; largest error: peak {worst[0]:.1%}, step {worst[1]:.1%}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

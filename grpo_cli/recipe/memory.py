@@ -1,0 +1,189 @@
+"""`grpo check`'s prediction of a `grpo rl` run's peak GPU memory and step time per process, on the GPU here or on a
+card the user names, and the recipe keys that would make a run that does not fit fit (grpo_cli/engine/estimate.py
+holds the model of the memory; this module reads the recipe and the model's config for it).
+
+Reading the model's config.json is the one thing it may fetch (from the Hub, for a Hub id); a local folder or a
+prepared demo model needs no network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from grpo_cli.engine.estimate import CARDS, GIB, LINEAR_NAMES, Card, Estimate, ModelShape, RunShape, estimate
+from grpo_cli.errors import UserError
+from grpo_cli.recipe.hardware import generation_batch
+from grpo_cli.recipe.load import Recipe
+
+# The check reads no data: prompts are assumed this long (Countdown's and GSM8K's chat prompts are 100-250 tokens).
+PROMPT_TOKENS = 256
+# A run fits where the predicted peak stays under this share of the card's memory: the allocator's cached blocks
+# and the CUDA context take the rest.
+FIT_SHARE = 0.92
+TRL_DEFAULT_LORA_MODULES = ("q_proj", "v_proj")  # PEFT's default targets for Llama and Qwen models
+
+
+@dataclass
+class MemoryPlan:
+    """The prediction for one card, and the changes that would fit a run that does not."""
+
+    card: Card
+    shape: RunShape
+    estimate: Estimate
+    fixes: list[tuple[str, Estimate]] = field(default_factory=list)
+
+    @property
+    def limit(self) -> float:
+        return self.card.memory_gib * GIB * FIT_SHARE
+
+    @property
+    def fits(self) -> bool:
+        return self.estimate.peak <= self.limit
+
+
+def card_for(gpu: str | None, gpu_memory: float | None) -> Card | None:
+    """The card to predict for: `--gpu NAME`, `--gpu-memory GIB` (an unnamed card of that size), else the GPU of this
+    machine, else None."""
+    if gpu_memory is not None:
+        if not gpu_memory > 0:
+            raise UserError(f"--gpu-memory {gpu_memory}: give the card's memory in GiB, e.g. --gpu-memory 24")
+        base = _known(gpu) if gpu else None
+        return replace(base, memory_gib=float(gpu_memory)) if base else Card(f"a {gpu_memory:g} GiB card", gpu_memory)
+    if gpu:
+        card = _known(gpu)
+        if card is None:
+            raise UserError(
+                f"--gpu {gpu}: not a card grpo knows - one of {', '.join(CARDS)}, or give its memory: --gpu-memory GIB"
+            )
+        return card
+    from grpo_cli.recipe.hardware import has_cuda
+
+    if not has_cuda():
+        return None
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    known = next((card for name, card in CARDS.items() if name.split("-")[0] in props.name), None)
+    memory = props.total_memory / GIB
+    return replace(known, name=props.name, memory_gib=memory) if known else Card(props.name, memory)
+
+
+def _known(name: str) -> Card | None:
+    wanted = name.strip().lower().replace("_", "-").replace(" ", "-")
+    return next((card for key, card in CARDS.items() if key.lower() == wanted), None)
+
+
+def model_shape(recipe: Recipe) -> ModelShape:
+    """The recipe's model's shape from its config.json (a local folder, a prepared demo model, or the Hub)."""
+    from transformers import AutoConfig
+
+    from grpo_cli.models import DEMO_MODELS, demo_model_dir, is_prepared, resolve_model
+    from grpo_cli.recipe.hardware import _environment
+
+    name = str(recipe.values.get("model_name_or_path") or "")
+    if name.strip().lower() in DEMO_MODELS and not is_prepared(demo_model_dir(name.strip().lower())):
+        raise UserError(f"the demo model {name} is not prepared yet - `grpo models prepare {name}` converts it")
+    with _environment(dict(recipe.env), recipe.values.get("model_source")):
+        revision = recipe.values.get("model_revision")
+        try:
+            config = AutoConfig.from_pretrained(
+                resolve_model(name, revision),
+                revision=revision,
+                trust_remote_code=bool(recipe.values.get("trust_remote_code")),
+            )
+        except (OSError, ValueError) as err:
+            raise UserError(f"the config of {name} could not be read ({str(err).splitlines()[0]})") from None
+    shape = ModelShape.of(config)
+    if None in (shape.hidden, shape.layers, shape.heads, shape.intermediate, shape.vocab):
+        raise UserError(f"{name}'s config is not a decoder the prediction knows (hidden, layers, heads, MLP sizes)")
+    return shape
+
+
+def run_shape(recipe: Recipe, processes: int, accelerate_config: dict | None, shape: ModelShape) -> RunShape:
+    """What one process of the run does on a GPU, from the recipe's resolved keys. Keys the recipe leaves to the
+    machine take a GPU's defaults, whatever machine checks it: grpo's sampler (where nothing makes the run fall back
+    to TRL's), and activation offloading where a micro-batch's layer inputs are a large share of the rollout's cache
+    (`grpo_cli.recipe.hardware.training_sets_the_peak`)."""
+    from grpo_cli.launch import zero_stage
+    from grpo_cli.recipe.check import rollout_path
+
+    v = dict(recipe.resolved())
+    stage = zero_stage(accelerate_config) or 0
+    machine = {key for key in v if recipe.where(key).startswith("hardware default")}
+    if "rollout_engine" in machine or "rollout_engine" not in recipe.values:
+        v["rollout_engine"] = "grpo"
+    rows = generation_batch(v, processes) // processes
+    if "activation_offloading" in machine or "activation_offloading" not in recipe.values:
+        share = v["per_device_train_batch_size"] * shape.hidden / (rows * shape.cache_width())
+        offload = v.get("gradient_checkpointing") and stage == 0 and share >= (1.0 if v.get("use_peft") else 0.5)
+        v["activation_offloading"] = bool(offload)
+    modules = v.get("lora_target_modules")
+    if modules in (None, []):
+        modules = TRL_DEFAULT_LORA_MODULES
+    elif "all-linear" in (modules if isinstance(modules, list) else [modules]):
+        modules = LINEAR_NAMES
+    dtype = str(v.get("dtype") or "float32")
+    return RunShape(
+        micro_batch=v["per_device_train_batch_size"],
+        rollout_rows=rows,
+        prompt_tokens=PROMPT_TOKENS,
+        completion_tokens=v["max_completion_length"],
+        weight_bytes=4 if dtype in ("float32", "fp32") else 2,
+        lora_rank=(v.get("lora_r") or 16) if v.get("use_peft") else 0,
+        lora_modules=tuple(modules),
+        lora_dropout=bool(v.get("lora_dropout")),
+        gradient_checkpointing=bool(v.get("gradient_checkpointing")),
+        activation_offloading=bool(v.get("activation_offloading")),
+        zero_stage=stage,
+        processes=processes,
+        grpo_sampler=rollout_path(v, accelerate_config).startswith("grpo's sampler"),
+    )
+
+
+def candidate_fixes(run: RunShape) -> list[tuple[str, RunShape]]:
+    """Changes that lower the peak, those that leave the training's results alone first."""
+    found = []
+    if run.gradient_checkpointing and not run.activation_offloading and run.zero_stage == 0:
+        found.append(("activation_offloading: true", replace(run, activation_offloading=True)))
+    if not run.gradient_checkpointing:
+        found.append(("gradient_checkpointing: true", replace(run, gradient_checkpointing=True)))
+    micro = run.micro_batch
+    while micro > 1 and len(found) < 8:
+        micro //= 2
+        found.append((
+            (f"per_device_train_batch_size: {micro} (gradient_accumulation_steps x{run.micro_batch // micro}: the same "
+            "completions per step)"),
+            replace(run, micro_batch=micro),
+        ))
+    if not run.lora_rank:
+        for n in (2, 4, 8):
+            if n > run.processes:
+                found.append((
+                    (f"ZeRO-3 across {n} GPUs (accelerate launch --config_file configs/accelerate/zero3.yaml "
+                    f"--num_processes {n})"),
+                    replace(run, zero_stage=3, processes=n),
+                ))
+        found.append(("use_peft: true (LoRA r16 on every linear layer: lora_target_modules: all-linear)",
+                      replace(run, lora_rank=16, lora_modules=LINEAR_NAMES)))
+    length = run.completion_tokens
+    while length > 256:
+        length //= 2
+        found.append((f"max_completion_length: {length}", replace(run, completion_tokens=length)))
+    return found
+
+
+def memory_plan(
+    recipe: Recipe, processes: int, accelerate_config: dict | None, card: Card, shape: ModelShape | None = None
+) -> MemoryPlan:
+    """The prediction on `card`, and where it does not fit, the first two changes that would."""
+    shape = shape or model_shape(recipe)
+    run = run_shape(recipe, processes, accelerate_config, shape)
+    plan = MemoryPlan(card, run, estimate(shape, run, card))
+    if not plan.fits:
+        for what, changed in candidate_fixes(run):
+            after = estimate(shape, changed, card)
+            if after.peak <= plan.limit:
+                plan.fixes.append((what, after))
+            if len(plan.fixes) == 2:
+                break
+    return plan

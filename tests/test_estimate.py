@@ -1,0 +1,127 @@
+"""The peak-memory and step-time prediction (`grpo check --gpu-memory`), from configs alone: hand-computed parts,
+monotone in the keys that set the peak, and the plan's verdict and fixes through `grpo`'s entry point."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from grpo_cli.engine.estimate import CARDS, LINEAR_NAMES, ModelShape, RunShape, estimate
+
+QWEN_7B = {  # config.json of Qwen2.5-7B-Instruct, the keys the estimate reads
+    "model_type": "qwen2",
+    "hidden_size": 3584,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "intermediate_size": 18944,
+    "vocab_size": 152064,
+    "tie_word_embeddings": False,
+}
+QWEN_05B = {**QWEN_7B, "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+            "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True}
+RUN = RunShape(micro_batch=8, rollout_rows=64, prompt_tokens=200, completion_tokens=1024)
+
+
+def test_parameters_match_the_released_models():
+    """Qwen2.5-0.5B has 494,032,768 parameters and Qwen2.5-7B 7,615,616,512 (their model cards' safetensors)."""
+    assert ModelShape.of(QWEN_05B).parameters() == 494_032_768
+    assert ModelShape.of(QWEN_7B).parameters() == 7_615_616_512
+
+
+def test_parts_are_the_hand_computed_sizes():
+    shape = ModelShape.of(QWEN_05B)
+    p = shape.parameters()
+    full = estimate(shape, RUN)
+    assert full.sampling["weights"] == 2 * p  # bf16
+    assert full.sampling["optimizer state"] == 4 * p  # Adam's two moments in the weights' dtype
+    assert full.training["gradients"] == 2 * p
+    # KV cache: rows x layers x (keys + values) x kv heads x head size x 2 bytes x (prompt + completion)
+    assert full.sampling["KV cache"] == 64 * 24 * 2 * 2 * 64 * 2 * (200 + 1024)
+    lora = estimate(shape, replace(RUN, lora_rank=16))
+    adapter = 24 * 16 * sum(a + b for a, b in shape.projection_sizes().values())  # r x (in + out), every linear
+    assert lora.sampling["weights"] == 2 * p + 4 * adapter  # float32 adapters
+    assert lora.sampling["optimizer state"] == 8 * adapter
+    assert "gradients" not in lora.training or lora.training["gradients"] == 0
+    zero3 = estimate(shape, replace(RUN, zero_stage=3, processes=4))
+    assert zero3.sampling["weights"] == 2 * p // 4
+    assert zero3.sampling["gathered weights"] >= 2 * p - 2 * p // 4  # the whole bf16 model while sampling
+
+
+@pytest.mark.parametrize("config", [QWEN_05B, QWEN_7B])
+def test_the_peak_grows_with_the_keys_that_set_it(config):
+    shape = ModelShape.of(config)
+    base = estimate(shape, RUN)
+    for bigger, moment in (
+        (replace(RUN, micro_batch=16), "training"),
+        (replace(RUN, rollout_rows=128), "sampling"),
+        (replace(RUN, completion_tokens=2048), "training"),
+        (replace(RUN, completion_tokens=2048), "sampling"),
+        (replace(RUN, weight_bytes=4), "training"),
+        (replace(RUN, gradient_checkpointing=False), "training"),
+    ):
+        after = estimate(shape, bigger)
+        assert sum(getattr(after, moment).values()) > sum(getattr(base, moment).values()), bigger
+        assert after.peak >= base.peak
+    for smaller in (
+        replace(RUN, lora_rank=16, lora_modules=LINEAR_NAMES),
+        replace(RUN, activation_offloading=True),
+        replace(RUN, zero_stage=3, processes=8),
+        replace(RUN, micro_batch=4),
+    ):
+        assert estimate(shape, smaller).peak < base.peak, smaller
+    # step time: longer with more tokens, shorter on a faster card
+    assert estimate(shape, RUN, CARDS["H200"]).step_s < estimate(shape, RUN, CARDS["A100-80GB"]).step_s
+    longer = estimate(shape, replace(RUN, completion_tokens=2048), CARDS["H200"])
+    assert longer.generation_s > estimate(shape, RUN, CARDS["H200"]).generation_s
+
+
+def test_the_measured_h200_peaks_are_predicted_within_their_calibration():
+    """The configurations `benchmarks/estimate_calibration.py` compares (their peaks as measured on an H200, with
+    grpo_bench.py's set-up): full fine-tuning, LoRA, ZeRO-2 and ZeRO-3, 256 to 1024 tokens."""
+    from benchmarks.estimate_calibration import ROOT, rows_of
+
+    files = sorted(str(p) for p in (ROOT / "benchmarks" / "results").glob("h200-2026-12-0[12]/*.json"))
+    files += [str(ROOT / "benchmarks/results/h200-2026-12-03" / name)
+              for name in ("lora-folded.json", "zero2-and-7b-1024.json")]
+    rows = rows_of(files)
+    assert len(rows) >= 10
+    assert max(abs(r["peak_error"]) for r in rows) < 0.15, rows
+    assert max(abs(r["step_error"]) for r in rows) < 0.30, rows
+
+
+def grpo(*args, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "grpo_cli", *args], cwd=cwd, capture_output=True, text=True, check=False,
+                          timeout=120)
+
+
+def test_check_predicts_for_a_local_model_and_names_what_fits(tmp_path):
+    """`grpo check --gpu-memory 24` on a recipe whose model is a local folder (config.json only: nothing loads):
+    the parts, the peak, the verdict, and for a 7B model with full fine-tuning the change that fits it."""
+    model = tmp_path / "qwen7b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({**QWEN_7B, "architectures": ["Qwen2ForCausalLM"]}))
+    (tmp_path / "r.yaml").write_text(
+        f"model_name_or_path: {model}\ndtype: bfloat16\nper_device_train_batch_size: 8\nnum_generations: 8\n"
+        "max_completion_length: 1024\n"
+    )
+    done = grpo("check", "-c", "r.yaml", "--gpu-memory", "24", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "Predicted GPU memory per process" in done.stdout and "optimizer state" in done.stdout
+    assert "does not fit" in done.stdout and "fits with use_peft: true" in done.stdout
+    roomy = grpo("check", "-c", "r.yaml", "--gpu", "H200", cwd=tmp_path)
+    assert "fits:" in roomy.stdout and "does not fit" not in roomy.stdout
+
+
+def test_check_says_in_one_line_why_it_cannot_predict(tmp_path):
+    (tmp_path / "r.yaml").write_text(f"model_name_or_path: {tmp_path}\n")  # a folder without config.json
+    done = grpo("check", "-c", "r.yaml", "--gpu-memory", "24", cwd=tmp_path)
+    assert done.returncode == 0 and "Traceback" not in done.stderr
+    assert "memory: not predicted:" in done.stderr
+    unknown = grpo("check", "-c", "r.yaml", "--gpu", "Z80", cwd=tmp_path)
+    assert unknown.returncode == 2 and "--gpu Z80: not a card grpo knows" in unknown.stderr
+    assert "Traceback" not in unknown.stderr
