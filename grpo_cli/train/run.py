@@ -32,6 +32,7 @@ from grpo_cli.train.checkpoints import (
     resume_point,
 )
 from grpo_cli.train.health import NonFiniteStop, StepGuard, stability_advice
+from grpo_cli.train.prediction import predicted
 from grpo_cli.train.progress import RunConsole, quiet_libraries, remove_default_printers
 from grpo_cli.train.stall import StallWatch
 from grpo_cli.train.tracking import swanlab_callback
@@ -88,6 +89,10 @@ class TrainingRun:
             advice = stability_advice(recipe.resolved())
             self.guard = StepGuard(health.nonfinite_patience, self.output_dir, advice)
             self.console.guard = self.guard
+        from grpo_cli.launch import accelerate_config_from_env, world_size
+
+        # `grpo check`'s prediction of the peak memory and step time, compared with the run's after its first steps
+        self.prediction = predicted(recipe, world_size(), accelerate_config_from_env())
         if self.main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             write_text(self.output_dir / "recipe.yaml", recipe.to_yaml())  # what ran, for a rerun
@@ -118,6 +123,7 @@ class TrainingRun:
         # The guard comes after the others: it has the last word on whether a step's checkpoint is saved.
         callbacks = [self.console, self.stop, ResumedSchedule(), ReadableCheckpoints()]
         callbacks += [self.guard] if self.guard else []
+        callbacks += [self.prediction] if self.prediction else []
         name = self.args.run_name or self.output_dir.name
         tracker = swanlab_callback(self.recipe.tracking, str(self.output_dir), name, self.recipe.values)
         if tracker is not None:
@@ -221,6 +227,7 @@ class TrainingRun:
             "global_step": trainer.state.global_step,
             "num_processes": trainer.accelerator.num_processes,
             "peak_gpu_memory_gib": peaks,
+            **({"prediction": self.prediction.result} if self.prediction and self.prediction.result else {}),
             **(self.guard.summary() if self.guard is not None else {}),
             "metrics": metrics,
             "log_history": trainer.state.log_history,
