@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from grpo_cli.engine.offload import LayerInputOffload
-from tests.test_bench import tiny_model
+from tests.test_rollout import tiny_model
 
 
 def gradients(model, input_ids, offload: LayerInputOffload | None = None) -> dict:
