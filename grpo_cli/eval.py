@@ -556,6 +556,11 @@ def run_eval(
         )
     if max_new_tokens is not None and max_new_tokens < 1:
         problems.append(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    if any(arg.split("=", 1)[0] == "--num_generations" for arg in overrides or []):
+        problems.append(
+            "--num_generations is the training key (completions per prompt in a GRPO step), which grpo eval does "
+            "not read - sample k completions per prompt with --num-generations K (-k K)"
+        )
     if problems:
         raise UserError(*problems)
 

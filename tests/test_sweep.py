@@ -74,6 +74,10 @@ CASES = {
     ),
     "a NaN temperature to eval": ({}, ["eval", "-c", "demo/countdown-rl", "--model", "m", "--temperature", "nan"], 2,
                                   "--temperature must be a finite number above 0"),
+    "the training key num_generations to eval": (
+        {}, ["eval", "-c", "demo/countdown-rl", "--model", "m", "--num_generations", "8"], 2,
+        "sample k completions per prompt with --num-generations K",
+    ),
     "a report of garbage logs": (
         {"run/train_summary.json": "[1, 2, 3]"}, ["report", "run"], 2, "not the object the trainer writes",
     ),
