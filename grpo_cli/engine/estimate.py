@@ -92,7 +92,7 @@ class ModelShape:
             layers=get("num_hidden_layers"),
             heads=heads,
             kv_heads=get("num_key_value_heads") or heads,
-            head_dim=get("head_dim") or hidden // heads,
+            head_dim=get("head_dim") or (hidden // heads if hidden and heads else None),
             intermediate=get("intermediate_size"),
             vocab=get("vocab_size"),
             tied=bool(get("tie_word_embeddings", True)),

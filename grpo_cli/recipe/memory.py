@@ -94,7 +94,7 @@ def model_shape(recipe: Recipe) -> ModelShape:
         except (OSError, ValueError) as err:
             raise UserError(f"the config of {name} could not be read ({str(err).splitlines()[0]})") from None
     shape = ModelShape.of(config)
-    if None in (shape.hidden, shape.layers, shape.heads, shape.intermediate, shape.vocab):
+    if None in (shape.hidden, shape.layers, shape.heads, shape.head_dim, shape.intermediate, shape.vocab):
         raise UserError(f"{name}'s config is not a decoder the prediction knows (hidden, layers, heads, MLP sizes)")
     return shape
 
