@@ -4,10 +4,14 @@ its interpreter, return inf), scoring goes on, and the next batch gets it back."
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from grpo_cli.rewards.guard import build_reward_funcs
 
@@ -110,3 +114,120 @@ def test_rewards_score_goes_on_past_a_reward_that_exits(tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows and all(row["exits"] == 0.0 for row in rows)
     assert "│ exits " in proc.stderr and "11 │" in proc.stderr  # the failures column counts them
+
+
+STARTS = """
+import os, subprocess, sys, time
+
+def started(when):
+    sleeper = subprocess.Popen(["sleep", "300"])
+    with open(os.environ["STARTED"], "a") as f:
+        f.write(f"{when} {sleeper.pid} {os.getpid()}\\n")
+
+started("import")
+
+def starts(completions, **kwargs):
+    started("call")
+    return [1.0] * len(completions)
+
+def starts_and_waits(completions, **kwargs):
+    started("call")
+    time.sleep(60)
+    return [1.0] * len(completions)
+"""
+
+
+def _started(path: Path) -> list[tuple[str, int, int]]:
+    """(when, sleep's pid, pid of the process that started it) for each line the reward module wrote."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [(when, int(pid), int(parent)) for when, pid, parent in (line.split() for line in lines)]
+
+
+def _gone(pid: int, seconds: float = 5.0) -> bool:
+    """Whether the process ended within `seconds` (a zombie awaiting its reaper counts as ended)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _assert_all_stopped(started: list[tuple[str, int, int]]) -> None:
+    left = [pid for _, pid, _ in started if not _gone(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes the reward module started outlived the command: {started}"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["rewards", "score", "-i", str(DATA / "countdown_completions.jsonl")],
+        ["rewards", "test", "--rows", "2", "--dataset_name", str(DATA / "countdown.jsonl")],  # fails: exit code 2
+    ],
+)
+def test_what_a_reward_module_starts_ends_with_the_command(tmp_path, monkeypatch, command):
+    """At import and when scoring; the module runs only in the trial import's process and in the reward's own."""
+    path = tmp_path / "starts.py"
+    path.write_text(STARTS)
+    monkeypatch.setenv("STARTED", str(tmp_path / "started"))
+    errors = tmp_path / "stderr"  # a file: a pipe would stay open as long as what the module started lives
+    with errors.open("w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "grpo_cli", *command, "-c", "countdown",
+             "--reward_funcs", f"[{path}:starts]", "--reward_weights", "[1]"],
+            stdout=subprocess.DEVNULL, stderr=stderr,
+        )  # fmt: skip
+        proc.wait(timeout=120)
+    assert proc.returncode == (0 if command[1] == "score" else 2), errors.read_text()
+    started = _started(tmp_path / "started")
+    _assert_all_stopped(started)
+    whens = [when for when, _, _ in started]
+    assert whens[:2] == ["import", "import"] and set(whens[2:]) == {"call"}  # trial import, then reward's process
+    assert proc.pid not in {parent for _, _, parent in started}
+
+
+def test_what_a_reward_starts_ends_when_the_command_is_interrupted(tmp_path, monkeypatch):
+    path = tmp_path / "starts.py"
+    path.write_text(STARTS)
+    record = tmp_path / "started"
+    monkeypatch.setenv("STARTED", str(record))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpo_cli", "rewards", "score", "-c", "countdown",
+         "-i", str(DATA / "countdown_completions.jsonl"),
+         "--reward_funcs", f"[{path}:starts_and_waits]", "--reward_weights", "[1]"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        end = time.monotonic() + 60
+        while "call" not in [when for when, _, _ in _started(record)] and time.monotonic() < end:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)  # Ctrl-C while the reward waits
+        assert proc.wait(timeout=30) == 130
+    finally:
+        proc.kill()
+    _assert_all_stopped(_started(record))
+
+
+def test_resolving_a_reward_file_does_not_run_it_here(tmp_path, monkeypatch):
+    path = tmp_path / "two.py"
+    path.write_text(
+        "import os\nopen(os.environ['IMPORTED'], 'a').write(f'{os.getpid()}\\n')\n"
+        "from grpo_cli.rewards import reward\n"
+        "@reward(name='capped', low=0.0, high=3.0)\n"
+        "def capped(completions, **kwargs):\n    return [3.0] * len(completions)\n"
+        "def plain(completions, **kwargs):\n    '''Always one.'''\n    return [1.0] * len(completions)\n"
+    )
+    monkeypatch.setenv("IMPORTED", str(tmp_path / "imported"))
+    capped, plain = build_reward_funcs([f"{path}:capped", f"{path}:plain"], 1.0)
+    assert (capped.spec.high, capped.spec.doc) == (3.0, "") and (plain.spec.high, plain.spec.doc) == (None, "Always one.")
+    assert capped(completions=["a"]) == [3.0] and plain(completions=["a"]) == [1.0]
+    capped.close()
+    plain.close()
+    importers = [int(pid) for pid in (tmp_path / "imported").read_text().split()]
+    assert len(importers) == 4 and os.getpid() not in importers  # a trial import per function, and their processes

@@ -4,12 +4,15 @@ Nothing a reward does there can end or stall a run: one that outlasts its time l
 long C call), exits (`sys.exit`, `os._exit`) or crashes its interpreter loses its process, its batch scores the
 reward's failure value, and the next batch starts a new process. The process is a fresh interpreter importing the
 reward with this process's sys.path (as the math-verify workers do), so it inherits nothing of the training process.
+It leads a process group of its own, and is stopped with the whole group, at the latest when this process exits:
+nothing the reward starts (a subprocess, a multiprocessing.Process) outlives the command.
 Prompts, completions and the dataset's columns travel pickled; TRL's `log_metric` and `log_extra` reach the reward as
 functions that record their calls, which are replayed here with its result.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import os
@@ -33,6 +36,7 @@ _CODE = (
 )
 PARENT_ENV = "GRPO_REWARD_PARENT"
 RECORDED = ("log_metric", "log_extra")  # TRL's callbacks, recorded in the process and replayed here
+_RUNNING: set[RewardProcess] = set()  # started and not yet stopped: stopped at exit
 
 
 class RewardRaised(Exception):
@@ -116,7 +120,9 @@ class RewardProcess:
             env=env,
             bufsize=0,
             close_fds=True,
+            start_new_session=True,  # a group of its own: stopped with whatever the reward starts
         )
+        _RUNNING.add(self)
         try:
             reply = _receive(self.proc.stdout.fileno(), time.monotonic() + START_SECONDS)
         except (TimeoutError, EOFError, pickle.UnpicklingError):
@@ -128,8 +134,11 @@ class RewardProcess:
 
     def _stop(self) -> int | None:
         proc, self.proc = self.proc, None
+        _RUNNING.discard(self)
         if proc is None:
             return None
+        with contextlib.suppress(OSError):  # the process leads its group (start_new_session)
+            os.killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(OSError):
             proc.kill()
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
@@ -190,10 +199,10 @@ def serve(reference: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's to handle
     die_with_parent(PARENT_ENV)
     from grpo_cli.rewards.guard import settle
-    from grpo_cli.rewards.registry import resolve_reward
+    from grpo_cli.rewards.registry import load_reward
 
     try:
-        func = resolve_reward(reference).func
+        func = load_reward(reference)
     except BaseException as err:  # noqa: BLE001 - reported to the training process, which decides
         _send(replies, ("error", f"{type(err).__name__}: {err}", []))
         return
@@ -213,3 +222,10 @@ def serve(reference: str) -> None:
         except BaseException as err:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too: a reward never ends this
             reply = ("raised", f"{type(err).__name__}: {str(err)[:300]}", recorded)
         _send(replies, reply)
+
+
+@atexit.register
+def _stop_all() -> None:
+    """Stop every reward's process group when this process exits (normally, on an error or on Ctrl-C)."""
+    for process in list(_RUNNING):
+        process.close()

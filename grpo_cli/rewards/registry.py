@@ -8,6 +8,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import json
 import os
 import signal
 import subprocess
@@ -25,7 +26,7 @@ class RewardSpec:
     """A reward function and what is known about it."""
 
     name: str
-    func: Callable
+    func: Callable | None  # None: a user's function whose module is imported only in processes of its own
     task: str | None = None
     low: float | None = None
     high: float | None = None
@@ -214,32 +215,53 @@ def reward_names_problems(names: list[str], base_dir: str | Path | None = None) 
     return problems
 
 
-# A user's reward module is first imported in a process of its own, for at most this long: one that loops, exits or
-# is killed at import is said as such, and never hangs or ends the command that loads it.
+# A user's reward module is imported only in processes of its own: first a trial import, for at most this long (one
+# that loops, exits or is killed at import is said as such, and never hangs or ends the command that loads it), which
+# also reports what resolving needs to know of the function; then the process the reward runs in. Nothing the module
+# starts at import or when scoring lives in the command's own process, and each of those processes is stopped with
+# its process group.
 IMPORT_TIME_LIMIT_S = 60.0
-_IMPORTED_MARK = "grpo: reward module imported"
-_PROBED: set[tuple[str, int]] = set()  # (file or module, its mtime) imported in a child process without trouble
+_IMPORTED_MARK = "grpo: reward module imported: "
+_DESCRIBED = ("task", "low", "high", "failure", "doc", "columns", "params")  # RewardSpec fields a trial import reports
+_PROBED: dict[tuple[str, int, str], dict] = {}  # (file or module, its mtime, function) -> what its trial import said
 _PROBE = """
-import importlib, importlib.util, sys
-target, is_file = sys.argv[1], sys.argv[2] == "1"
+import importlib, importlib.util, json, sys
+target, is_file, function = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
 if is_file:
     spec = importlib.util.spec_from_file_location("grpo_user_reward_probe", target)
-    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
 else:
-    importlib.import_module(target)
-sys.stdout.write("\\n%s\\n" % sys.argv[3])
+    module = importlib.import_module(target)
+from grpo_cli.rewards.registry import describe
+sys.stdout.write("\\n%s%s\\n" % (sys.argv[4], json.dumps(describe(module, function))))
 sys.stdout.flush()
 """
 
 
-def _probe_import(name: str, target: str, is_file: bool) -> None:
+def describe(module, function: str) -> dict:
+    """What resolving needs to know of `module.function`, as JSON data: {"missing": true}, or the signature's problem
+    (or None) and the RewardSpec fields it declares with `@reward` (else its docstring's first line)."""
+    func = getattr(module, function, None)
+    if func is None or not callable(func):
+        return {"missing": True}
+    own = getattr(func, "reward_spec", None)
+    if isinstance(own, RewardSpec):
+        fields = {key: getattr(own, key) for key in _DESCRIBED}
+    else:
+        fields = {"doc": (inspect.getdoc(func) or "").split("\n")[0]}
+    return {"problem": _signature_problem(func), "fields": fields}
+
+
+def _probe_import(name: str, target: str, is_file: bool, function: str) -> dict:
     """Import a user's reward module in a child process (its own process group, killed with whatever it started
-    once done); raise UserError naming the file where the import does not come back as an import should."""
+    once done) and return what `describe` says there of `function`; raise UserError naming the file where the import
+    does not come back as an import should."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
     # files, not pipes: a process the module starts keeps a pipe open and would hold the wait
     with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
         child = subprocess.Popen(
-            [sys.executable, "-c", _PROBE, target, "1" if is_file else "0", _IMPORTED_MARK],
+            [sys.executable, "-c", _PROBE, target, "1" if is_file else "0", function, _IMPORTED_MARK],
             stdin=subprocess.DEVNULL, stdout=out_file, stderr=err_file, env=env, start_new_session=True,
         )  # fmt: skip
         try:
@@ -261,8 +283,12 @@ def _probe_import(name: str, target: str, is_file: bool) -> None:
             f"reward '{name}': importing '{target}' did not finish in {IMPORT_TIME_LIMIT_S:.0f} s - does it loop or "
             "wait at import? Do slow work inside the function, not at module level"
         )
-    if _IMPORTED_MARK in out.decode(errors="replace"):
-        return
+    _, marked, report = out.decode(errors="replace").rpartition(_IMPORTED_MARK)
+    if marked:
+        try:
+            return json.loads(report.splitlines()[0])
+        except (IndexError, ValueError):
+            pass  # cut short while writing it: said below as an exit
     errors = err.decode(errors="replace")
     if child.returncode == 1 and "Traceback (most recent call last)" in errors:  # it raised: say what
         raise UserError(f"reward '{name}': importing '{target}' failed ({errors.strip().splitlines()[-1].strip()})")
@@ -301,7 +327,10 @@ def _signature_problem(func: Callable) -> str | None:
 
 
 def resolve_reward(name: str, base_dir: str | Path | None = None) -> RewardSpec:
-    """The RewardSpec for a registered name, 'package.module:function' or 'path/to/file.py:function'."""
+    """The RewardSpec for a registered name, 'package.module:function' or 'path/to/file.py:function'.
+
+    A user's module is imported only in a trial process (see `_probe_import`), unless this process already has it;
+    its function runs in a process of its own (`RewardSpec.reference`), which imports it again (`load_reward`)."""
     if name in REWARDS:
         return REWARDS[name]
     if ":" not in name:
@@ -312,30 +341,39 @@ def resolve_reward(name: str, base_dir: str | Path | None = None) -> RewardSpec:
     target, function = _split_reference(name)
     is_file = _is_file_reference(target)
     path = _file_path(target, base_dir).resolve() if is_file else None
-    probed = (str(path), path.stat().st_mtime_ns) if path else (target, 0)
-    if probed not in _PROBED and (is_file or target not in sys.modules):
-        _probe_import(name, probed[0], is_file)
-        _PROBED.add(probed)
+    func = None
+    if not is_file and target in sys.modules:  # imported here already: nothing new runs
+        func = getattr(sys.modules[target], function, None)
+        description = describe(sys.modules[target], function)
+    else:
+        probed = (str(path), path.stat().st_mtime_ns, function) if path else (target, 0, function)
+        if probed not in _PROBED:
+            _PROBED[probed] = _probe_import(name, probed[0], is_file, function)
+        description = _PROBED[probed]
+    if description.get("missing"):
+        raise UserError(f"reward '{name}': '{target}' has no function '{function}'")
+    if description.get("problem"):
+        raise UserError(f"reward '{name}': {description['problem']}")
+    fields = dict(description["fields"])
+    for key in ("columns", "params"):
+        fields[key] = tuple(fields.get(key) or ())
+    reference = f"{path}:{function}" if path else name
+    return RewardSpec(**{**fields, "name": function, "func": func, "source": name, "reference": reference})
+
+
+def load_reward(reference: str) -> Callable:
+    """The function a RewardSpec's `reference` names, imported into this process: the process a reward runs in."""
+    if reference in REWARDS:
+        return REWARDS[reference].func
+    target, function = _split_reference(reference)
     try:
-        module = _load_file(_file_path(target, base_dir)) if is_file else importlib.import_module(target)
-    except UserError:
-        raise
+        module = _load_file(Path(target)) if _is_file_reference(target) else importlib.import_module(target)
     except (Exception, SystemExit, KeyboardInterrupt) as err:  # noqa: BLE001 - the user's module: why, no traceback
-        raise UserError(
-            f"reward '{name}': importing '{target}' failed ({type(err).__name__}: {err})"
-        ) from None
+        raise UserError(f"importing '{target}' failed ({type(err).__name__}: {err})") from None
     func = getattr(module, function, None)
     if func is None or not callable(func):
-        raise UserError(f"reward '{name}': '{target}' has no function '{function}'")
-    problem = _signature_problem(func)
-    if problem:
-        raise UserError(f"reward '{name}': {problem}")
-    reference = f"{_file_path(target, base_dir).resolve()}:{function}" if _is_file_reference(target) else name
-    own = getattr(func, "reward_spec", None)
-    if isinstance(own, RewardSpec):
-        return RewardSpec(**{**own.__dict__, "name": function, "source": name, "reference": reference})
-    doc = (inspect.getdoc(func) or "").split("\n")[0]
-    return RewardSpec(name=function, func=func, doc=doc, source=name, reference=reference)
+        raise UserError(f"'{target}' has no function '{function}'")
+    return func
 
 
 def reward_table(task: str | None = None):
