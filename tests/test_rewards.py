@@ -783,7 +783,7 @@ def test_a_child_process_started_by_fork_or_spawn_runs_its_own_pool(math_workers
 # --- hard equivalences: grpo's verdict is math-verify's --------------------------------------------------------
 
 # (kind, guess, gold, equal): equations, intervals, sets, tuples, matrices, units, separators, percentages, sums,
-# powers, text; `equal` is math-verify's verdict, except where a line's `math_verify` says what math-verify alone
+# powers, text, solutions written as equations against the same as a tuple or a set; `equal` is math-verify's verdict, except where a line's `math_verify` says what math-verify alone
 # gives (digit groups split by spaces: grpo reads one number where math-verify reads a product).
 EQUIVALENCES = [
     json.loads(line) for line in (DATA / "math_equivalences.jsonl").read_text(encoding="utf-8").splitlines()
@@ -804,7 +804,7 @@ def _math_verify_directly(guess: str, gold: str) -> bool:
 
 def test_the_equivalence_set_covers_each_hard_form():
     kinds = {case["kind"] for case in EQUIVALENCES}
-    assert kinds >= {"equation", "interval", "set", "tuple", "matrix", "unit", "separator", "percent", "sum"}
+    assert kinds >= {"equation", "interval", "set", "tuple", "matrix", "unit", "separator", "percent", "sum", "solutions"}
     pairs = {(c["guess"], c["gold"]) for c in EQUIVALENCES}
     assert len(EQUIVALENCES) >= 150 and len(pairs) == len(EQUIVALENCES)
     # where grpo's verdict is right and math-verify's alone is not: thousands separators, and an escaped dollar
