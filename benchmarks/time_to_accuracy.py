@@ -211,7 +211,9 @@ def evaluate(args) -> None:
                "--batch-size", str(args.batch_size), "--output", str(out_dir)]
     for model in dict.fromkeys(models):
         command += ["--model", model]
-    code = subprocess.run(command + overrides_of(args.set), check=False).returncode
+    # the training keys grpo eval does not read are left to training (it refuses num_generations: its k is -k)
+    keys = [pair for pair in args.set if pair.partition("=")[0] not in ("num_generations",)]
+    code = subprocess.run(command + overrides_of(keys), check=False).returncode
     if code != 0:
         sys.exit(f"`grpo eval` exited with {code}; its output is above")
     summary = json.loads((out_dir / "summary.json").read_text())

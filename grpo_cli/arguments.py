@@ -36,22 +36,22 @@ class TaskArguments:
     dataset_generate: int = field(
         default=0,
         metadata={
-            "help": "Generate this many rows with the task's own generator (countdown, reasoning_gym) instead of "
-            "loading data."
+            "help": "Generate this many rows with the task's own generator (countdown; reasoning-gym's for reasoning_gym, "
+            "gsm8k and dapo_math) instead of loading data."
         },
     )
     dataset_generate_name: str | None = field(
         default=None,
         metadata={
-            "help": "reasoning_gym, with dataset_generate: the reasoning-gym dataset to generate, e.g. gsm_symbolic "
-            "(`grpo data reasoning_gym` lists them)."
+            "help": "reasoning_gym, gsm8k and dapo_math, with dataset_generate: the reasoning-gym dataset to generate, "
+            "e.g. gsm_symbolic (gsm8k's default) or coin_flip (`grpo data reasoning_gym` lists them)."
         },
     )
     dataset_generate_config: dict = field(
         default_factory=dict,
         metadata={
-            "help": "reasoning_gym, with dataset_generate: the dataset's config keys, e.g. {min_terms: 2, max_terms: 3} "
-            "for chain_sum. Default: reasoning-gym's."
+            "help": "reasoning_gym, gsm8k and dapo_math, with dataset_generate: the dataset's config keys, e.g. "
+            "{min_terms: 2, max_terms: 3} for chain_sum. Default: reasoning-gym's."
         },
     )
     dataset_generate_numbers: list[int] = field(

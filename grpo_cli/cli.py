@@ -459,6 +459,25 @@ def data_reasoning_gym(
     console.print(f"[bold green]wrote[/] {len(rows)} {escape(name)} rows to {escape(out or f'{name}.jsonl')} (seed {seed})")
 
 
+@data_app.command("recipe", context_settings=EXTRA_ARGS)
+def data_recipe(
+    ctx: typer.Context,
+    config: Annotated[str, RECIPE_OPTION],
+    out: Annotated[str, typer.Option("--out", "-o", help="Output .jsonl file.")],
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")] = False,
+) -> None:
+    """Write the rows a recipe generates (dataset_generate) to a file, to train where the generator is not installed.
+
+    Train on them with the same recipe and `--dataset_name FILE --dataset_generate 0`: the same rows, and the same
+    held-out split. Keys after the recipe override it: `grpo data recipe -c gsm8k --dataset_generate 4000 -o gsm.jsonl`.
+    """
+    from grpo_cli.console import console, escape
+    from grpo_cli.tasks.dataset import write_generated_rows
+
+    rows, source = write_generated_rows(_recipe_without_model(config, ctx.args).task, out, force)
+    console.print(f"[bold green]wrote[/] {len(rows)} rows to {escape(out)}: {escape(source)}")
+
+
 rewards_app = typer.Typer(help="Reward functions: list them, score completions, test a recipe's set.", no_args_is_help=True)
 app.add_typer(rewards_app, name="rewards")
 
@@ -478,15 +497,21 @@ def rewards_list(
     output.print(reward_table(task))
 
 
-def _reward_setup(config: str, overrides: list[str]):
+def _recipe_without_model(config: str, overrides: list[str]):
+    """The recipe of a command that runs no model: the machine's rollout defaults only, no model config to read; its
+    env: section and model_source applied, before any dataset is loaded."""
     from grpo_cli.recipe import load_recipe
     from grpo_cli.recipe.hardware import detect_hardware
+
+    recipe = load_recipe(config, overrides, None, detect_hardware(processes=1, training=False))
+    recipe.apply_env()
+    return recipe
+
+
+def _reward_setup(config: str, overrides: list[str]):
     from grpo_cli.rewards.scoring import setup_from_recipe
 
-    # no model runs: the machine's rollout defaults only, with no model config to read
-    recipe = load_recipe(config, overrides, None, detect_hardware(processes=1, training=False))
-    recipe.apply_env()  # its env: section and model_source, before any dataset is loaded
-    return setup_from_recipe(recipe)
+    return setup_from_recipe(_recipe_without_model(config, overrides))
 
 
 @rewards_app.command("score", context_settings=EXTRA_ARGS)

@@ -4,9 +4,12 @@ scorers, the recipe check, `grpo data reasoning_gym`, `grpo rewards` and `grpo e
 from __future__ import annotations
 
 import json
+import math
+import re
 import subprocess
 import sys
 import textwrap
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -68,7 +71,10 @@ def test_generated_rows_are_reasoning_gyms_items_and_reproducible_by_seed():
 
 
 def test_metadata_keeps_tuples_and_keys_that_plain_json_would_change():
-    metadata = {"grid": ((1, 2), (3, 4)), "colors": {0: "red", 1: ["a", (5,)]}, "trap": {"__tuple__": [1]}}
+    metadata = {
+        "grid": ((1, 2), (3, 4)), "colors": {0: "red", 1: ["a", (5,)]}, "trap": {"__tuple__": [1]},
+        "share": Fraction(3, 7),  # gsm_symbolic's metadata holds fractions
+    }  # fmt: skip
     assert from_json(to_json(metadata)) == metadata
     assert json.loads(to_json({"plain": [1, 2]})) == {"plain": [1, 2]}
 
@@ -172,7 +178,61 @@ def test_task_problems_name_the_key():
     assert key == "dataset_generate_config" and "set dataset_seed" in message
     (other,) = task_problems(TaskArguments(task="countdown", dataset_generate_name="x"))
     assert other.key == "dataset_generate_name"
-    assert other.message == "dataset_generate_name is read by task reasoning_gym only, and the task is countdown - drop it"
+    assert other.message == (
+        "dataset_generate_name is read by tasks dapo_math, gsm8k and reasoning_gym only, and the task is countdown - "
+        "drop it"
+    )
+
+
+# --- reasoning-gym as the data of the gsm8k and dapo_math tasks ---------------------------------------------------
+
+
+def test_gsm8k_generates_gsm_symbolic_rows_with_their_worked_solutions():
+    task = get_task("gsm8k")
+    keys = {"task": "gsm8k", "dataset_generate": 40, "dataset_seed": 1}
+    rows = load_task_dataset(TaskArguments(**keys), "train")
+    assert len(rows) == 40 and rows[0]["prompt"][0]["content"] == task.default_system_prompt
+    assert all(row["answer"].count("####") == 1 for row in rows)
+    for row in rows:  # the worked solution is a cold start's completion; the rewards' verdicts agree with the gold
+        completion = task.sft_completion(row)
+        assert completion is not None and task.is_correct(completion, row) and task.is_formatted(completion)
+        assert not task.is_correct(task.malformed_completions(row)[0], row)
+    assert [r["question"] for r in rows] == [r["question"] for r in load_task_dataset(TaskArguments(**keys), "train")]
+
+
+def test_gsm8k_refuses_a_dataset_whose_answers_are_not_whole_numbers():
+    keys = {"task": "gsm8k", "dataset_generate": 20, "dataset_generate_name": "coin_flip"}
+    assert task_problems(TaskArguments(**keys)) == []  # known dataset: the answers show only when generated
+    with pytest.raises(UserError, match="coin_flip' answers 18 of 20 rows with other than a whole number .e.g. '0.3125'"):
+        load_task_dataset(TaskArguments(**keys), "train")
+
+
+def test_dapo_math_generates_exact_fractions_that_its_answer_reward_compares():
+    from grpo_cli.rewards.dapo_math import dapo_answer
+    from grpo_cli.tasks.dapo_math import REASONING_END, SOLUTION_END, SOLUTION_START
+
+    keys = {"task": "dapo_math", "dataset_generate": 60, "dataset_generate_name": "coin_flip", "dataset_seed": 2,
+            "dataset_generate_config": {"max_trials": 6}}
+    rows = list(load_task_dataset(TaskArguments(**keys), "train"))
+    for row in rows:  # the exact probability, counted here, where reasoning-gym's answer is a rounded decimal
+        kind, k, n = re.fullmatch(r"What is the probability of getting (exactly|at least) (\d+) heads in (\d+) fair coin "
+                                  r"flips\?", row["problem"]).groups()  # fmt: skip
+        ways = sum(math.comb(int(n), h) for h in range(int(k), int(n) + 1 if kind == "at least" else int(k) + 1))
+        exact = Fraction(ways, 2 ** int(n))
+        assert row["solution"] == (str(exact) if exact.denominator == 1 else f"\\frac{{{exact.numerator}}}{{{exact.denominator}}}")
+    row = next(row for row in rows if row["solution"].startswith("\\frac"))
+    value = Fraction(*map(int, re.findall(r"\d+", row["solution"])))
+
+    def reward(answer: str) -> float:
+        text = f"Count the outcomes.{REASONING_END}{SOLUTION_START}{answer}{SOLUTION_END}"
+        prompt = [{"role": "user", "content": row["problem"]}, {"role": "assistant", "content": "<start_working_out>"}]
+        return dapo_answer(prompts=[prompt], completions=[[{"role": "assistant", "content": text}]],
+                           solution=[row["solution"]])[0]  # fmt: skip
+
+    as_decimal = str(value.numerator / value.denominator)  # exact: the denominator is a power of two
+    assert reward(row["solution"]) == reward(as_decimal) == reward(str(value)) > reward(str(value + 1))
+    ((key, message),) = [(p.key, p.message) for p in task_problems(TaskArguments(task="dapo_math", dataset_generate=5))]
+    assert key == "dataset_generate_name" and "e.g. coin_flip" in message
 
 
 def check(tmp_path: Path, recipe: str, *before: str) -> subprocess.CompletedProcess:
@@ -255,3 +315,23 @@ def test_eval_scores_the_task(tmp_path, tiny_model_dir):
     samples = [json.loads(line) for line in (tmp_path / "ev" / "samples.jsonl").read_text().splitlines()]
     assert [(s["index"], s["correct"]) for s in samples] == [(0, True), (1, False), (2, False)]
     assert [s["rewards"]["reasoning_gym_accuracy"] for s in samples] == [1.0, 0.0, 0.0]
+
+
+def test_grpo_data_recipe_writes_the_generated_rows_a_recipe_then_trains_on_with_the_same_split(tmp_path):
+    out = tmp_path / "gsm.jsonl"
+    keys = ["--dataset_generate", "30", "--dataset_test_size", "5", "--dataset_seed", "3"]
+    result = CliRunner().invoke(app, ["data", "recipe", "-c", "gsm8k", "-o", str(out), *keys])
+    assert result.exit_code == 0, result.output
+    assert "wrote 30 rows" in result.output and "gsm_symbolic" in result.output
+    generated = TaskArguments(task="gsm8k", dataset_generate=30, dataset_test_size=5, dataset_seed=3)
+    loaded = TaskArguments(task="gsm8k", dataset_name=str(out), dataset_test_size=5, dataset_seed=3)
+    for split in ("train", "test"):
+        assert list(load_task_dataset(generated, split)) == list(load_task_dataset(loaded, split))
+    def grpo(*command):
+        return subprocess.run([sys.executable, "-m", "grpo_cli", *command], capture_output=True, text=True, check=False)
+
+    again = grpo("data", "recipe", "-c", "gsm8k", "-o", str(out), *keys)
+    assert again.returncode == 2 and "pass --force to replace it" in again.stderr and "Traceback" not in again.stderr
+    nothing = grpo("data", "recipe", "-c", "gsm8k", "-o", str(tmp_path / "x.jsonl"))
+    assert nothing.returncode == 2 and "generates none - set dataset_generate: N" in nothing.stderr
+    assert not (tmp_path / "x.jsonl").exists()

@@ -6,6 +6,11 @@ OpenMathReasoning-mini (`problem`, `generated_solution`, `expected_answer`) for 
 
 from __future__ import annotations
 
+from fractions import Fraction
+
+from grpo_cli.arguments import TaskArguments
+from grpo_cli.problems import Problem
+from grpo_cli.tasks import reasoning_gym as gym
 from grpo_cli.tasks.answers import answers_match, parse_number
 from grpo_cli.tasks.task import MAX_TEXT_CHARS, Task, register_task
 
@@ -72,6 +77,18 @@ def gold_of(row: dict) -> str | None:
     return None
 
 
+def exact_answer(item: dict) -> str:
+    """A reasoning-gym item's answer; `\\frac{n}{d}` where its metadata records the exact fraction (`rational`)."""
+    rational = (item.get("metadata") or {}).get("rational")
+    if isinstance(rational, dict):
+        try:
+            value = Fraction(int(rational["numerator"]), int(rational["denominator"]))
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            return str(item["answer"])
+        return str(value.numerator) if value.denominator == 1 else f"\\frac{{{value.numerator}}}{{{value.denominator}}}"
+    return str(item["answer"])
+
+
 @register_task
 class DapoMathTask(Task):
     name = "dapo_math"
@@ -84,12 +101,30 @@ class DapoMathTask(Task):
     accuracy_rewards = ("dapo_answer", "dapo_numbers")
     default_system_prompt = SYSTEM_PROMPT
     default_prefill = REASONING_START
+    generate_keys = gym.GENERATE_KEYS
+
+    def generation_problems(self, args: TaskArguments) -> list[Problem]:
+        return gym.source_problems(self.name, args, example="coin_flip")
+
+    def generated_source(self, args: TaskArguments) -> str:
+        return gym.source_words(args)
+
+    def generate(self, args: TaskArguments) -> list[dict] | None:
+        """Rows of the reasoning-gym dataset dataset_generate_name names (e.g. coin_flip: probabilities, compared as
+        fractions or decimals), its answer as the solution: the exact fraction in LaTeX where the item records one
+        (coin_flip's answers are rounded decimals of it)."""
+        return [
+            {"problem": item["question"], "solution": exact_answer(item)}
+            for item in gym.generated_answers(self.name, args)
+        ]
 
     def normalize(self, row: dict) -> dict:
-        """Fill `problem` from DAPO's `prompt` text and `solution` from `expected_answer`/`answer`."""
+        """Fill `problem` from DAPO's `prompt` text (or a `question`, as `grpo data reasoning_gym` writes) and
+        `solution` from `expected_answer`/`answer`."""
         extra = {}
-        if "problem" not in row and isinstance(row.get("prompt"), str):
-            extra["problem"] = row["prompt"]
+        question = row.get("prompt") if isinstance(row.get("prompt"), str) else row.get("question")
+        if "problem" not in row and isinstance(question, str):
+            extra["problem"] = question
         if "solution" not in row and gold_of(row) is not None:
             extra["solution"] = gold_of(row)
         return {**row, **extra} if extra else row

@@ -65,7 +65,8 @@ def task_problems(args: TaskArguments) -> list[Problem]:
     for key in ("dataset_generate_name", "dataset_generate_config"):
         if getattr(args, key) and key not in task.generate_keys:
             readers = sorted(name for name, other in TASKS.items() if key in other.generate_keys)
-            problems.append(Problem(key, f"{key} is read by task {', '.join(readers)} only, and the task is {task.name} - drop it"))
+            named = f"task {readers[0]}" if len(readers) == 1 else f"tasks {', '.join(readers[:-1])} and {readers[-1]}"
+            problems.append(Problem(key, f"{key} is read by {named} only, and the task is {task.name} - drop it"))
     problems.extend(task.generation_problems(args))
     if args.dataset_test_size < 0:
         problems.append(Problem("dataset_test_size", f"dataset_test_size must be 0 or more, got {args.dataset_test_size}"))
@@ -142,6 +143,29 @@ def _load_all(args: TaskArguments, task: Task) -> datasets.DatasetDict:
             "(dataset_name: path/to/file.jsonl)"
             + (" or generated data (dataset_generate: N)" if task.generates else "")
         ) from None
+
+
+def write_generated_rows(args: TaskArguments, path: str, force: bool = False) -> tuple[list[dict], str]:
+    """Write the rows the data keys generate to a .jsonl file atomically (an existing file only with `force`);
+    the rows and where they came from, in words."""
+    from grpo_cli.atomic import check_writable, refuse_to_replace, write_jsonl
+
+    task = get_task(args.task)
+    if args.dataset_generate <= 0:
+        raise UserError(
+            f"dataset_generate: the recipe loads its rows from {dataset_source(args)} and generates none - set "
+            f"dataset_generate: N{'' if task.generates else f' (task {task.name} cannot generate data)'}"
+        )
+    problems = task_problems(args)
+    if problems:
+        raise UserError(*listing(problems))
+    if not str(path).endswith(".jsonl"):
+        raise UserError(f"--out: '{path}' must be a .jsonl file")
+    check_writable(path, "--out")
+    refuse_to_replace(path, "--out", force)
+    rows = task.generate(args)
+    write_jsonl(path, rows)
+    return rows, dataset_source(args)
 
 
 def _first_bad_json_line(path: Path) -> str | None:

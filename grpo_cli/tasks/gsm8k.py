@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import re
 
+from grpo_cli.arguments import TaskArguments
+from grpo_cli.errors import UserError
+from grpo_cli.problems import Problem
+from grpo_cli.tasks import reasoning_gym as gym
 from grpo_cli.tasks.answers import parse_number
 from grpo_cli.tasks.task import MAX_TEXT_CHARS, Task, register_task
 
@@ -16,6 +21,8 @@ Respond in the following format:
 ...
 </answer>"""
 TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
+logger = logging.getLogger("grpo_cli.tasks")
+GYM_DATASET = "gsm_symbolic"  # reasoning-gym's GSM8K-style word problems: dataset_generate's default source
 _CALCULATOR = re.compile(r"<<[^<>]{0,200}>>")  # GSM8K's calculator annotations: 48/2=24 written <<48/2=24>>
 
 
@@ -82,7 +89,10 @@ def xml_count(text: str) -> float:
 @register_task
 class Gsm8kTask(Task):
     name = "gsm8k"
-    description = "Grade-school math word problems; answer after '####' (openai/gsm8k)."
+    description = (
+        "Grade-school math word problems; answer after '####' (openai/gsm8k, or generated: reasoning-gym's "
+        "gsm_symbolic)."
+    )
     default_dataset = "openai/gsm8k"
     default_config = "main"
     answer_columns = ("answer",)
@@ -96,6 +106,43 @@ class Gsm8kTask(Task):
     )
     accuracy_rewards = ("gsm8k_correctness",)
     default_system_prompt = SYSTEM_PROMPT
+    generate_keys = gym.GENERATE_KEYS
+
+    def generation_problems(self, args: TaskArguments) -> list[Problem]:
+        return gym.source_problems(self.name, args, default=GYM_DATASET)
+
+    def generated_source(self, args: TaskArguments) -> str:
+        return gym.source_words(args, default=GYM_DATASET)
+
+    def generate(self, args: TaskArguments) -> list[dict] | None:
+        """Rows of a reasoning-gym dataset (gsm_symbolic unless dataset_generate_name says another) whose answers are
+        whole numbers, as GSM8K's are and its rewards expect; the worked solution in GSM8K's form where the dataset has
+        one (gsm_symbolic does: a cold start can learn the format from it)."""
+        items = gym.generated_answers(self.name, args, default=GYM_DATASET)
+        rows, other = [], []
+        for item in items:
+            answer = gold_answer(item["answer"])
+            number = parse_number(answer)
+            if number is None or number.denominator != 1:
+                other.append(str(item["answer"]))
+                continue
+            worked = (item.get("metadata") or {}).get("answer_cot")
+            same = isinstance(worked, str) and "####" in worked and gold_answer(worked) == answer
+            rows.append({"question": item["question"], "answer": worked if same else f"#### {answer}"})
+        name = args.dataset_generate_name or GYM_DATASET
+        if len(other) * 2 > len(items):
+            raise UserError(
+                f"dataset_generate_name: reasoning-gym '{name}' answers {len(other)} of {len(items)} rows with other "
+                f"than a whole number (e.g. {other[0]!r:.40}), and GSM8K's answers and its rewards are whole numbers - "
+                "choose a dataset with whole-number answers, or task: reasoning_gym"
+            )
+        if other:
+            logger.warning(
+                "reasoning-gym dataset '%s' answers %d of its %d rows with other than a whole number (e.g. %s); "
+                "kept the %d rows with whole-number answers, as GSM8K's are", name, len(other), len(items),
+                other[0][:40], len(rows),
+            )  # fmt: skip
+        return rows
 
     def column_problems(self, row: dict, columns: tuple[str, ...] | None = None) -> list[str]:
         problems = super().column_problems(row, columns)

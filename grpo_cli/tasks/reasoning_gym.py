@@ -19,6 +19,7 @@ import json
 import logging
 import re
 import typing
+from fractions import Fraction
 from typing import Any
 
 from grpo_cli.arguments import TaskArguments
@@ -58,17 +59,20 @@ def library():
 
 # --- metadata as JSON text ---------------------------------------------------------------------------------------
 
-_TUPLE, _ITEMS = "__tuple__", "__items__"
+_TUPLE, _ITEMS, _FRACTION = "__tuple__", "__items__", "__fraction__"
+_TAGS = {_TUPLE, _ITEMS, _FRACTION}
 
 
 def _encodable(value: Any) -> Any:
-    """The value with tuples and dicts of non-string keys as tagged objects plain JSON keeps apart."""
+    """The value with tuples, fractions and dicts of non-string keys as tagged objects plain JSON keeps apart."""
+    if isinstance(value, Fraction):
+        return {_FRACTION: str(value)}
     if isinstance(value, tuple):
         return {_TUPLE: [_encodable(v) for v in value]}
     if isinstance(value, list):
         return [_encodable(v) for v in value]
     if isinstance(value, dict):
-        if all(isinstance(k, str) for k in value) and not (len(value) == 1 and set(value) & {_TUPLE, _ITEMS}):
+        if all(isinstance(k, str) for k in value) and not (len(value) == 1 and set(value) & _TAGS):
             return {k: _encodable(v) for k, v in value.items()}
         return {_ITEMS: [[_encodable(k), _encodable(v)] for k, v in value.items()]}
     return value
@@ -77,6 +81,8 @@ def _encodable(value: Any) -> Any:
 def _decoded(obj: dict) -> Any:
     if len(obj) == 1 and _TUPLE in obj:
         return tuple(obj[_TUPLE])
+    if len(obj) == 1 and _FRACTION in obj:
+        return Fraction(obj[_FRACTION])
     if len(obj) == 1 and _ITEMS in obj:
         return dict(obj[_ITEMS])  # keys come back as they went: tuples decode before this
     return obj
@@ -215,6 +221,13 @@ def generate_rows(name: str, num: int, seed: int, config: dict | None = None) ->
     """The first `num` items of reasoning-gym's `create_dataset(name, size=num, seed=seed, **config)` as rows, each
     question once (a repeated question would leak into a held-out split). Same name, seed and config: same rows."""
     config = dict(config or {})
+    config_text = to_json(config)
+    return [_row(name, item, config_text) for item in generated_items(name, num, seed, config)]
+
+
+def generated_items(name: str, num: int, seed: int, config: dict | None = None) -> list[dict]:
+    """reasoning-gym's items of generate_rows, as the library makes them (each question once)."""
+    config = dict(config or {})
     if num < 1:
         raise UserError(f"number of rows to generate must be at least 1, got {num}")
     problem = name_problem(name) or config_problem(name, config)
@@ -222,8 +235,7 @@ def generate_rows(name: str, num: int, seed: int, config: dict | None = None) ->
         raise UserError(problem)
     dataset_cls, _ = library()[name]
     dataset = dataset_cls(config=_config(name, config, seed=seed, size=num))
-    config_text = to_json(config)
-    rows, seen = [], set()
+    items, seen = [], set()
     for index in range(num):
         try:
             item = dataset[index]
@@ -235,13 +247,13 @@ def generate_rows(name: str, num: int, seed: int, config: dict | None = None) ->
         if item["question"] in seen:
             continue
         seen.add(item["question"])
-        rows.append(_row(name, item, config_text))
-    if len(rows) < num:
+        items.append(item)
+    if len(items) < num:
         logger.warning(
             "reasoning-gym dataset '%s' repeated %d of its %d questions; kept each once (%d rows)",
-            name, num - len(rows), num, len(rows),
+            name, num - len(items), num, len(items),
         )  # fmt: skip
-    return rows
+    return items
 
 
 def _row(name: str, item: dict, config_text: str) -> dict:
@@ -301,6 +313,55 @@ def dataset_table():
     return table
 
 
+# --- reasoning-gym as the data source of other tasks ------------------------------------------------------------
+
+GENERATE_KEYS = ("dataset_generate_name", "dataset_generate_config")
+
+
+def source_problems(task: str, args: TaskArguments, default: str | None = None, example: str = "gsm_symbolic") -> list[Problem]:
+    """What is wrong with the dataset_generate_* keys that name a reasoning-gym dataset (`default` when unset)."""
+    if args.dataset_generate <= 0:
+        return []
+    name = args.dataset_generate_name or default
+    if not name:
+        return [Problem(
+            "dataset_generate_name",
+            f"task {task} with dataset_generate needs dataset_generate_name: the reasoning-gym dataset, "
+            f"e.g. {example} (`grpo data reasoning_gym` lists them)",
+        )]  # fmt: skip
+    try:
+        problem = name_problem(name)
+        if problem:
+            return [Problem("dataset_generate_name", f"dataset_generate_name: {problem}")]
+        problem = config_problem(name, args.dataset_generate_config)
+        if problem:
+            return [Problem("dataset_generate_config", f"dataset_generate_config: {problem}")]
+    except UserError as err:  # the package is not installed
+        return [Problem("task", text) for text in err.problems]
+    return []
+
+
+def source_words(args: TaskArguments, default: str | None = None) -> str:
+    """The generated rows, in words."""
+    config = f" {args.dataset_generate_config}" if args.dataset_generate_config else ""
+    name = args.dataset_generate_name or default
+    return f"{args.dataset_generate} generated reasoning-gym {name}{config} rows (seed {args.dataset_seed})"
+
+
+def generated_answers(task: str, args: TaskArguments, default: str | None = None) -> list[dict]:
+    """The items the dataset_generate_* keys name (`question`, `answer`, reasoning-gym's `metadata`), for a task that
+    scores answers its own way; UserError naming the first item without an answer."""
+    name = str(args.dataset_generate_name or default)
+    items = generated_items(name, args.dataset_generate, args.dataset_seed, args.dataset_generate_config)
+    for index, item in enumerate(items):
+        if item.get("answer") is None or not str(item["answer"]).strip():
+            raise UserError(
+                f"dataset_generate_name: reasoning-gym '{name}' has no answer in row {index}, and task {task} "
+                "compares answers - use task: reasoning_gym, which scores with the dataset's own scorer"
+            )
+    return items
+
+
 # --- the task ----------------------------------------------------------------------------------------------------
 
 
@@ -315,7 +376,7 @@ class ReasoningGymTask(Task):
     accuracy_rewards = ("reasoning_gym_accuracy",)
     default_system_prompt = SYSTEM_PROMPT
     default_prefill = PREFILL
-    generate_keys = ("dataset_generate_name", "dataset_generate_config")
+    generate_keys = GENERATE_KEYS
 
     def column_problems(self, row: dict, columns: tuple[str, ...] | None = None) -> list[str]:
         problems = super().column_problems(row, columns)
@@ -339,38 +400,16 @@ class ReasoningGymTask(Task):
         return problems
 
     def generation_problems(self, args: TaskArguments) -> list[Problem]:
-        if args.dataset_generate <= 0:
-            if not args.dataset_name:
-                return [Problem(
-                    "dataset_generate",
-                    "task reasoning_gym has no dataset of its own - set dataset_generate: N with "
-                    "dataset_generate_name (e.g. gsm_symbolic), or dataset_name: a file `grpo data reasoning_gym` "
-                    "wrote",
-                )]  # fmt: skip
-            return []
-        if not args.dataset_generate_name:
+        if args.dataset_generate <= 0 and not args.dataset_name:
             return [Problem(
-                "dataset_generate_name",
-                "task reasoning_gym with dataset_generate needs dataset_generate_name: the reasoning-gym dataset, "
-                "e.g. gsm_symbolic (`grpo data reasoning_gym` lists them)",
+                "dataset_generate",
+                "task reasoning_gym has no dataset of its own - set dataset_generate: N with "
+                "dataset_generate_name (e.g. gsm_symbolic), or dataset_name: a file `grpo data reasoning_gym` wrote",
             )]  # fmt: skip
-        try:
-            problem = name_problem(args.dataset_generate_name)
-            if problem:
-                return [Problem("dataset_generate_name", f"dataset_generate_name: {problem}")]
-            problem = config_problem(args.dataset_generate_name, args.dataset_generate_config)
-            if problem:
-                return [Problem("dataset_generate_config", f"dataset_generate_config: {problem}")]
-        except UserError as err:  # the package is not installed
-            return [Problem("task", text) for text in err.problems]
-        return []
+        return source_problems(self.name, args)
 
     def generated_source(self, args: TaskArguments) -> str:
-        config = f" {args.dataset_generate_config}" if args.dataset_generate_config else ""
-        return (
-            f"{args.dataset_generate} generated reasoning-gym {args.dataset_generate_name}{config} rows "
-            f"(seed {args.dataset_seed})"
-        )
+        return source_words(args)
 
     def generate(self, args: TaskArguments) -> list[dict] | None:
         return generate_rows(
@@ -411,16 +450,21 @@ def _parsed(text: str) -> Any:
 
 
 __all__ = [
+    "GENERATE_KEYS",
     "ReasoningGymTask",
     "completion_score",
     "config_problem",
     "dataset_table",
     "from_json",
     "generate_rows",
+    "generated_answers",
+    "generated_items",
     "is_correct",
     "library",
     "name_problem",
     "score",
+    "source_problems",
+    "source_words",
     "to_json",
     "write_generated",
 ]
