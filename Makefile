@@ -7,7 +7,7 @@ EXTRAS ?= dev
 BIN := $(VENV)/bin
 DEMO := outputs/demo
 
-.PHONY: install test test-fast lint demo demo-gpu check-recipes clean
+.PHONY: install test test-fast lint docs demo demo-gpu check-recipes clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ test-fast: install
 lint: install
 	$(BIN)/ruff check .
 
+# The key reference in docs/recipes.md, written from grpo_cli/arguments.py (tests/test_docs.py fails when it is stale).
+docs: install
+	$(BIN)/python -m grpo_cli.recipe.reference
+
 check-recipes: install
 	for r in $$($(BIN)/python -c "from grpo_cli.recipe import builtin_recipes; print(' '.join(builtin_recipes()))"); do \
 		$(BIN)/grpo check -c $$r || exit 1; done
@@ -42,7 +46,7 @@ demo: install
 	$(BIN)/grpo eval -c demo/countdown-rl --model smollm2-135m-instruct --model $(DEMO)/sft --model $(DEMO)/merged \
 		--limit 48 --batch-size 16 --output $(DEMO)/eval
 
-# The same flow on one GPU, in the settings of the time-to-accuracy benchmark's SmolLM2 runs (benchmarks/README.md:
+# The same flow on one GPU, in the settings of the time-to-accuracy benchmark's SmolLM2 runs (docs/performance.md:
 # 4000 generated problems, 200 held out, 64 completions of up to 192 tokens a step) on the 2-number problems of
 # `make demo`: with 3-4 numbers the benchmark's steps moved this model within a standard error. Its table and
 # timing on one H200 are in the README. Install with the GPU's torch:

@@ -1,6 +1,6 @@
 """Compare the two sides' reward curves in a grpo_bench JSON (a `--plan` of one `trl` and one `grpo` run, same seed):
 
-    python benchmarks/curve_stats.py benchmarks/results/h200-x2-2026-11-30-b/curve.json
+    python benchmarks/curve_stats.py benchmarks/results/h200-x2-2026-11-30/learning-curve.json
 
 Per side: the mean reward over the first and the last five logged steps, the least-squares slope per step, and the
 mean over the run; between them: each step's difference in standard errors of a difference (each step's reward is a

@@ -1,6 +1,6 @@
 """Does grpo's rollout path learn like TRL's? The same GRPO run, rollouts from each, side by side over several seeds.
 
-    python benchmarks/learning_curve.py --out benchmarks/learning-curve-cpu.json      # about 2 minutes on 2 cores
+    python benchmarks/learning_curve.py --out benchmarks/results/cpu-2026-11-29/learning-curve.json  # about 2 minutes on 2 cores
 
 Both arms are TRL's GRPOTrainer with the same model (grpo_bench's tiny random-weight Qwen2, SmolLM2 tokenizer), data,
 reward, optimizer and seed; they differ only in who samples the completions: TRL's `model.generate` (`trl`) or
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--length", type=int, default=24, help="completion tokens")
     parser.add_argument("--learning-rate", type=float, default=3e-3)
     parser.add_argument("--late", type=int, default=3, help="last steps whose mean reward is compared")
-    parser.add_argument("--out", default="benchmarks/learning-curve-cpu.json")
+    parser.add_argument("--out", default="learning-curve.json")
     args = parser.parse_args(argv)
 
     import warnings

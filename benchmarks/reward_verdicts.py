@@ -3,7 +3,7 @@
 by `grpo rewards score -c dapo-math` several times, each in a fresh process (so each pays math-verify's first,
 slowest comparisons), on whatever else the machine is doing; the `dapo_answer` column of every run compared.
 
-    python benchmarks/reward_verdicts.py --runs 10 --out benchmarks/results/reward-verdicts.json [--code DIR]
+    python benchmarks/reward_verdicts.py --runs 10 --out benchmarks/results/cpu-DATE/reward-verdicts.json [--code DIR]
 
 `--code DIR` scores with the grpo_cli of another checkout (e.g. `git archive` of an older commit) instead.
 """

@@ -12,8 +12,8 @@ task, data, rewards and seed for the same time budget; `grpo eval` scores the ch
     python3 benchmarks/time_to_accuracy.py eval --recipe demo/countdown-rl --model /tmp/sft --name SmolLM2-135M-Instruct \\
         --runs /tmp/tta/grpo /tmp/tta/trl --limit 200 --out results.json --set ...
     # here: merge the runs' JSON files into one and draw accuracy against minutes, one panel per model
-    python3 benchmarks/time_to_accuracy.py plot --inputs a.json b.json --out benchmarks/results/time-to-accuracy.json \\
-        --png benchmarks/results/time-to-accuracy.png
+    python3 benchmarks/time_to_accuracy.py plot --inputs a.json b.json --out benchmarks/results/h200-DATE/time-to-accuracy.json \\
+        --png benchmarks/results/h200-DATE/time-to-accuracy.png
 
 `trl` is TRL's GRPOTrainer as its own scripts use it: the library's defaults except the keys that define the GRPO
 work (`WORK_KEYS`, read from the same resolved recipe: learning rate and schedule, prompts and generations per step,

@@ -152,8 +152,8 @@ def layer_input_share(config, micro_batch: int, generation_rows: int) -> float:
     """A micro-batch's layer inputs (what offloading moves: layers x rows x tokens x hidden size) over the KV cache
     the rollout of the whole generation batch holds (layers x rows x tokens x keys and values x their heads' size),
     over the same sequence length. Offloading can lower a GRPO step's peak only where the forward/backward, not the
-    rollout, sets it: where this share is high (benchmarks/README.md has the shares measured on both sides of the
-    rule in `grpo_cli.recipe.hardware`)."""
+    rollout, sets it: where this share is high (docs/performance.md has the benchmark shapes' shares, on both
+    sides of the rule in `grpo_cli.recipe.hardware`)."""
     from grpo_cli.engine.rollout import cache_width
 
     return micro_batch * config.hidden_size / (generation_rows * cache_width(config))

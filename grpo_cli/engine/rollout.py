@@ -463,8 +463,7 @@ def _side_stream(device):
     """The one stream per GPU that graph warm-ups and captures run on, for the whole process.
 
     cuBLAS keeps a workspace for every stream it has run on, for the life of the process: a fresh stream
-    per capture left a new one behind at each rollout, so the memory held between steps grew run after run
-    (benchmarks/README.md).
+    per capture left a new one behind at each rollout, so the memory held between steps grew run after run.
     """
     import torch
 

@@ -2,7 +2,7 @@
 prints the values training will use and `recipe.yaml` records them.
 
 Each is set only where the recipe (file or command line) left the key unset, and remembers why:
-`hardware default (no GPU)`. The measurements behind the GPU ones are in benchmarks/README.md.
+`hardware default (no GPU)`. The measurements behind the GPU ones are in docs/performance.md.
 """
 
 from __future__ import annotations
