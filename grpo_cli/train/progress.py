@@ -334,9 +334,11 @@ class _RunConsole:
         console: Console | None = None,
         live: bool | None = None,
         values: dict | None = None,
+        guard=None,
     ):
         """Samples as `tracking` says; print on `console` (the shared stderr one), live bar when it is a terminal;
-        `values` (the recipe's) fill the findings' suggestions."""
+        `values` (the recipe's) fill the findings' suggestions; `guard`, the run's StepGuard if any: a run it stopped
+        does not end with "done"."""
         tracking = tracking or TrackingArguments()
         self.console = console or shared_console
         self.live = (self.console.is_terminal and not self.console.is_dumb_terminal) if live is None else live
@@ -355,7 +357,7 @@ class _RunConsole:
         self._best: tuple[float, int] | None = None
         self._runtime: float | None = None
         self.findings = FindingWatch(dict(values or {}))
-        self.guard = None  # the run's StepGuard, if any: a run it stopped does not end with "done"
+        self.guard = guard
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:

@@ -44,13 +44,26 @@ class RLTrainer(GuardedSteps, BatchSteps, GRPOTrainer):
     trains only on groups whose completions got different rewards (`grpo_cli.train.dynamic_sampling`). It takes over
     TRL's steps of a generation batch through `BatchSteps` (grpo_cli/trl_private.py), under names of our own."""
 
-    rollouts_path: Path | None = None
-    sampling: SamplingArguments | None = None
-    # the scored batch's column of the reward for correct answers and its top score, where the task has one: each
-    # scored batch logs `frac_groups_solved`, the share of its groups whose completions all reach that top
-    accuracy_column: tuple[int, float] | None = None
     _last_rewards = None  # the latest scored batch's rewards, gathered from every process
     _said_short = False
+
+    def __init__(
+        self,
+        *args,
+        sampling: SamplingArguments | None = None,
+        accuracy_column: tuple[int, float] | None = None,
+        rollouts_path: Path | None = None,
+        **kwargs,
+    ):
+        """GRPOTrainer's arguments, and: `sampling`, the recipe's dynamic sampling keys; `accuracy_column`, the
+        scored batch's column of the reward for correct answers and its top score, where the task has one (each
+        scored batch then logs `frac_groups_solved`, the share of its groups whose completions all reach that top);
+        `rollouts_path`, the JSONL file every scored rollout is appended to (None: none written)."""
+        # set first: GRPOTrainer's constructor may already call into the methods that read them
+        self.sampling = sampling
+        self.accuracy_column = accuracy_column
+        self.rollouts_path = rollouts_path
+        super().__init__(*args, **kwargs)
 
     def generate_and_score(self, inputs):
         output = self._score(inputs)
@@ -211,6 +224,12 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
     run = TrainingRun(recipe, resume=resume, overwrite=overwrite)
     prompts = run.prompts_dataset()
     rewards = [conversational(f) for f in reward_funcs(recipe)]
+    names = reward_names(recipe)
+    chosen = accuracy_reward(recipe.task.task, names)
+    rollouts_path = None
+    if run.main:  # one process writes the rollouts; a resumed run does the steps after its checkpoint again
+        rollouts_path = Path(run.args.output_dir) / "rollouts.jsonl"
+        keep_rollouts_before(rollouts_path, int(run.checkpoint.name.rpartition("-")[2]) if run.checkpoint else 0)
     model = run.load_model()
     if recipe.memory.lean_lm_head:
         use_lean_lm_head()  # for every GRPOTrainer of this process
@@ -230,17 +249,12 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
             peft_config=run.peft_config(),
             callbacks=run.callbacks(),
             rollout_func=static_rollout(run.args, recipe.rollout.rollout_engine, model),  # None: TRL's own generation
+            sampling=recipe.sampling,
+            accuracy_column=(names.index(chosen[0]), chosen[1]) if chosen else None,
+            rollouts_path=rollouts_path,
         )
-    trainer.sampling = recipe.sampling
-    names = reward_names(recipe)
-    chosen = accuracy_reward(recipe.task.task, names)
-    trainer.accuracy_column = (names.index(chosen[0]), chosen[1]) if chosen else None
     if recipe.memory.activation_offloading:
         LayerInputOffload(trainer.model)  # lives in the hooks it puts on the model
-    if trainer.accelerator.is_main_process:
-        trainer.rollouts_path = Path(run.args.output_dir) / "rollouts.jsonl"
-        resumed_at = int(run.checkpoint.name.rpartition("-")[2]) if run.checkpoint else 0
-        keep_rollouts_before(trainer.rollouts_path, resumed_at)
     return run.train(trainer)
 
 

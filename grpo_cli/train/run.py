@@ -81,14 +81,13 @@ class TrainingRun:
             trust_remote_code=bool(getattr(self.args, "trust_remote_code", False)),
         )
         self.stop = GracefulStop()
-        self.console = RunConsole(recipe.tracking, values=recipe.resolved())
         health = recipe.health
         use_cudnn_attention(health.cudnn_attention)
         self.guard = None
         if health.nonfinite_guard:
             advice = stability_advice(recipe.resolved())
             self.guard = StepGuard(health.nonfinite_patience, self.output_dir, advice)
-            self.console.guard = self.guard
+        self.console = RunConsole(recipe.tracking, values=recipe.resolved(), guard=self.guard)
         from grpo_cli.launch import accelerate_config_from_env, world_size
 
         # `grpo check`'s prediction of the peak memory and step time, compared with the run's after its first steps
@@ -125,9 +124,10 @@ class TrainingRun:
         callbacks += [self.guard] if self.guard else []
         callbacks += [self.prediction] if self.prediction else []
         name = self.args.run_name or self.output_dir.name
-        tracker = swanlab_callback(self.recipe.tracking, str(self.output_dir), name, self.recipe.values)
-        if tracker is not None:
-            tracker.findings = self.console.findings  # what the console says of the run goes to SwanLab too
+        # what the console says of the run goes to SwanLab too
+        tracker = swanlab_callback(
+            self.recipe.tracking, str(self.output_dir), name, self.recipe.values, findings=self.console.findings
+        )
         return callbacks + ([tracker] if tracker else [])
 
     def train(self, trainer) -> Path:

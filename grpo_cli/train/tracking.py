@@ -37,8 +37,11 @@ def swanlab_project(tracking: TrackingArguments) -> str:
     return tracking.swanlab_project
 
 
-def swanlab_callback(tracking: TrackingArguments, output_dir: str, run_name: str | None, config: dict):
-    """SwanLab's transformers callback for this run, or None when tracking is off.
+def swanlab_callback(
+    tracking: TrackingArguments, output_dir: str, run_name: str | None, config: dict, findings=None
+):
+    """SwanLab's transformers callback for this run, or None when tracking is off; `findings`, the console's
+    FindingWatch, whose findings it logs as text.
 
     Raises UserError (cloud without API key, local without dashboard) before training starts, so that
     swanlab never prompts. Set `.trainer` on the callback to also log sample completions.
@@ -60,6 +63,7 @@ def swanlab_callback(tracking: TrackingArguments, output_dir: str, run_name: str
         recipe=config,
         sample_every=tracking.sample_every,
         sample_count=tracking.sample_count,
+        findings=findings,
     )
 
 
@@ -83,15 +87,15 @@ def _callback_class() -> type:
 
     class RunTracker(SwanLabCallback):
         """SwanLabCallback plus the recipe as config, sample completions and findings as text, and the run closed at
-        train end. Set `.findings` to the console's FindingWatch to log what it says."""
+        train end; with `findings` (the console's FindingWatch: it says each finding once), what it said as text."""
 
-        def __init__(self, *, recipe: dict, sample_every: int, sample_count: int, **kwargs: Any):
+        def __init__(self, *, recipe: dict, sample_every: int, sample_count: int, findings=None, **kwargs: Any):
             super().__init__(**kwargs)
             self.recipe = dict(recipe)
             self.samples = SampleSchedule(sample_every)
             self.sample_count = sample_count
             self.trainer = None
-            self.findings = None  # the console's FindingWatch: it says each finding once; we log what it said
+            self.findings = findings
             self._findings_logged = 0
             self.logdir = kwargs["log_dir"]
             self.mode = kwargs["mode"]
