@@ -17,6 +17,7 @@ RULES = {
     "grpo_cli.arguments": ("grpo_cli",),  # the standard library only
     "grpo_cli.trl_private": ("grpo_cli",),  # TRL's private names behind our own: below everything that uses them
     "grpo_cli.errors": ("grpo_cli",),
+    "grpo_cli.once": ("grpo_cli",),  # say-it-once messages: the standard library only
     "grpo_cli.problems": ("grpo_cli",),  # the checks' problem type: tasks, the hub and the recipe all return it
     "grpo_cli.diagnosis": ("grpo_cli",),  # pure: the console and `grpo report` both read it
     "grpo_cli.tasks": ("grpo_cli.recipe", "grpo_cli.train", "grpo_cli.launch", "grpo_cli.eval", "grpo_cli.merge",

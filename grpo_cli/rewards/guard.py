@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from grpo_cli.once import SayOnce
 from grpo_cli.rewards.isolated import RewardLost, RewardProcess, RewardRaised
 from grpo_cli.rewards.registry import RewardSpec
 from grpo_cli.tasks.task import completion_text
@@ -86,15 +87,13 @@ class RewardGuard:
         self.bad_values = 0
         self.calls = 0
         self.scored = 0  # completions seen
-        self._shown: set[str] = set()
+        self._said = SayOnce()
 
     def __repr__(self) -> str:
         return f"RewardGuard({self.spec.name!r}, failures={self.failures})"
 
     def _show_once(self, kind: str, message: str) -> None:
-        if kind not in self._shown:
-            self._shown.add(kind)
-            logger.warning("%s (further cases are counted, not shown)", message)
+        self._said.warning(logger, kind, "%s (further cases are counted, not shown)", message)
 
     def _check_values(self, values: Any, n: int, prompts: list, completions: list) -> list[float | None]:
         """Validated values; a wrong length or non-numeric value becomes the failure value (shown once)."""

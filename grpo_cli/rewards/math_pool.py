@@ -37,6 +37,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from grpo_cli.once import SayOnce
 from grpo_cli.rewards.isolated import die_with_parent
 from grpo_cli.tasks import answers
 from grpo_cli.tasks.answers import MAX_GOLD_CHARS, Outcome, Pair
@@ -56,13 +57,11 @@ _WORKER_CODE = (
     "import sys\nsys.path[:] = sys.argv[1:]\nfrom grpo_cli.rewards.math_pool import serve\nserve()\n"
 )
 
-_shown: set[str] = set()
+_said = SayOnce()  # the process's messages about its comparisons: once per process
 
 
 def _warn_once(kind: str, message: str) -> None:
-    if kind not in _shown:
-        _shown.add(kind)
-        logger.warning(message)
+    _said.warning(logger, kind, message)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -20,6 +20,7 @@ from grpo_cli.engine import is_nonfinite_sampling
 from grpo_cli.engine.lm_head import use_lean_lm_head
 from grpo_cli.engine.offload import LayerInputOffload
 from grpo_cli.errors import UserError
+from grpo_cli.once import SayOnce
 from grpo_cli.recipe import Recipe, reward_funcs, reward_names
 from grpo_cli.rewards import accuracy_reward
 from grpo_cli.tasks import as_chats
@@ -45,7 +46,6 @@ class RLTrainer(GuardedSteps, BatchSteps, GRPOTrainer):
     TRL's steps of a generation batch through `BatchSteps` (grpo_cli/trl_private.py), under names of our own."""
 
     _last_rewards = None  # the latest scored batch's rewards, gathered from every process
-    _said_short = False
 
     def __init__(
         self,
@@ -60,6 +60,7 @@ class RLTrainer(GuardedSteps, BatchSteps, GRPOTrainer):
         scored batch then logs `frac_groups_solved`, the share of its groups whose completions all reach that top);
         `rollouts_path`, the JSONL file every scored rollout is appended to (None: none written)."""
         # set first: GRPOTrainer's constructor may already call into the methods that read them
+        self.said = SayOnce()
         self.sampling = sampling
         self.accuracy_column = accuracy_column
         self.rollouts_path = rollouts_path
@@ -120,8 +121,7 @@ class RLTrainer(GuardedSteps, BatchSteps, GRPOTrainer):
         metrics["dynamic_sampling/dropped_share"].append(sum(map(sum, flat)) / (len(flat) * groups * processes))
         metrics["dynamic_sampling/rounds"].append(float(rounds))
         metrics["dynamic_sampling/filled_share"].append(filled / (groups * processes))
-        if filled and not self._said_short and self.accelerator.is_main_process:
-            self._said_short = True
+        if filled and self.accelerator.is_main_process and self.said.first("short-after-dynamic-sampling"):
             console.print(
                 f"[yellow]dynamic sampling: after {rounds} extra generation round{'s' * (rounds != 1)}, {filled} of "
                 f"{groups * processes} groups of the batch at step {self.state.global_step + 1} still gave all their "

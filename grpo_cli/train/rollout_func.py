@@ -27,6 +27,7 @@ from grpo_cli.engine import (
     without_peft_wrapper,
 )
 from grpo_cli.engine.rollout import free_gpu_bytes, gathered_bytes, row_bytes
+from grpo_cli.once import SayOnce
 from grpo_cli.recipe.hardware import rollout_fallback
 from grpo_cli.trl_private import generate_single_turn, is_vision_language, text_tokenizer, tokenize_prompts
 
@@ -69,7 +70,7 @@ class StaticCacheRollout:
 
     def __init__(self):
         self.reported = False
-        self.said_no_gather = False
+        self.said = SayOnce()
 
     def __call__(self, prompts: list, trainer) -> dict:
         reason = trainer_fallback_reason(trainer)
@@ -168,10 +169,11 @@ class StaticCacheRollout:
             free = free_gpu_bytes(device)
         here = free is None or need <= free
         fits = bool(trainer.accelerator.gather(torch.tensor([here], device=trainer.accelerator.device)).all())
-        if not fits and not self.said_no_gather:
-            self.said_no_gather = True
+        if not fits:
             where = "less free on another process" if here else f"{free / 2**30:.1f} GiB free"
-            logger.warning(
+            self.said.warning(
+                logger,
+                "no-gather",
                 "rollouts through TRL's generation without gathering the weights (each layer fetched at every "
                 "decode step, much slower): the gathered ZeRO-3 weights and the rollout's cache need %.1f GiB, and "
                 "%s - more processes (smaller shards), LoRA, or a smaller `per_device_train_batch_size` make room "
