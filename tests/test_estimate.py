@@ -125,3 +125,16 @@ def test_check_says_in_one_line_why_it_cannot_predict(tmp_path):
     unknown = grpo("check", "-c", "r.yaml", "--gpu", "Z80", cwd=tmp_path)
     assert unknown.returncode == 2 and "--gpu Z80: not a card grpo knows" in unknown.stderr
     assert "Traceback" not in unknown.stderr
+
+
+def test_the_runs_comparison_says_what_makes_the_measurement_differ():
+    from grpo_cli.train.prediction import comparison_line, completion_share
+
+    logs = [{"loss": 0.1}, {"completions/mean_length": 100.0}, {"completions/mean_length": 200.0}]
+    assert completion_share(logs, 512) == 0.29 and completion_share([{"loss": 0.1}], 512) is None
+    alone = {"predicted_peak_gib": 16.0, "measured_peak_gib": 12.0, "predicted_step_s": 4.0, "measured_step_s": 5.0,
+             "completion_length_share": 0.95, "gpu_gib_held_elsewhere": 0.5}  # fmt: skip
+    assert comparison_line(alone) == "prediction: peak 16.0 GiB, measured 12.0 GiB (-25%); step 4.0 s, measured 5.0 s (+25%)"
+    shared = comparison_line({**alone, "completion_length_share": 0.29, "gpu_gib_held_elsewhere": 24.0})
+    assert "completions averaged 29% of max_completion_length; the prediction assumes all of it" in shared
+    assert "24.0 GiB of the GPU is held by other processes: the step time is not this run's alone" in shared
