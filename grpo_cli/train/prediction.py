@@ -78,7 +78,7 @@ class PredictionCheck(TrainerCallback):
             console.print(comparison_line(self.result), soft_wrap=True)
 
 
-SHARED_GIB = 2.0  # memory held on the GPU beyond this process's allocator and the CUDA context: another process
+SHARED_GIB = 4.0  # held on the GPU beyond this allocator, the CUDA context and NCCL buffers: another process
 
 
 def completion_share(log_history: list[dict], max_completion_length: int | None) -> float | None:
