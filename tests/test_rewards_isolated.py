@@ -202,6 +202,9 @@ def test_what_a_reward_starts_ends_when_the_command_is_interrupted(tmp_path, mon
          "-i", str(DATA / "countdown_completions.jsonl"),
          "--reward_funcs", f"[{path}:starts_and_waits]", "--reward_weights", "[1]"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        # Ctrl-C as in a terminal, also where the tests run in the background (a shell ignores SIGINT there, and
+        # the command would inherit that)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     try:
         end = time.monotonic() + 60
