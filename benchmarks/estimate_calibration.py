@@ -1,10 +1,12 @@
 """How close `grpo check`'s predicted peak memory and step time come to what `benchmarks/grpo_bench.py` measured.
 
-    python benchmarks/estimate_calibration.py benchmarks/results/*/*.json --out calibration.json
+    python benchmarks/estimate_calibration.py FITTED.json ... [--held-out MORE.json ...] --out calibration.json
 
-Reads every `grpo` configuration that finished in the given results files (one H200 each), predicts it from its
-shape and set-up with `grpo_cli.engine.estimate`, and prints predicted against measured: the peak (torch's
-`max_memory_allocated`) and the median step after the warm-up. Runs on the CPU in seconds.
+Reads every `grpo` configuration of the given results files (one H200 each) that made at least one step after its
+warm-up, predicts it from its shape and set-up with `grpo_cli.engine.estimate`, and prints predicted against
+measured: the peak (torch's `max_memory_allocated`) and the median step after the warm-up. The first files are the
+runs the estimate's constants were fitted to; `--held-out` files are runs it did not see (a set-up that is also in
+the fitted files is left out of them). Runs on the CPU in seconds.
 """
 
 from __future__ import annotations
@@ -59,7 +61,29 @@ def run_shape(entry: dict) -> RunShape:
     )
 
 
-def rows_of(paths: list[str]) -> list[dict]:
+def _timed(entry: dict, warmup: int = 1) -> bool:
+    """A grpo configuration with a step after its warm-up: done, or stopped at its cap after one."""
+    if not isinstance(entry, dict) or entry.get("side") != "grpo" or not entry.get("summary"):
+        return False
+    return entry.get("status") == "done" or len(entry.get("steps") or []) > warmup
+
+
+def _shown(path: str) -> str:
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else path
+
+
+def rows_of(paths: list[str], held_out: list[str] = ()) -> list[dict]:
+    fitted = _rows(paths)
+    seen = {(row["shape"], row["run"]) for row in fitted}
+    rows = [{**row, "fitted": True} for row in fitted]
+    rows += [{**row, "fitted": False} for row in _rows(held_out) if (row["shape"], row["run"]) not in seen]
+    for row in rows:
+        del row["run"]
+    return rows
+
+
+def _rows(paths) -> list[dict]:
     found: dict = {}  # a later file's measurement of the same set-up replaces an earlier one's
     for path in sorted(paths):
         data = json.loads(Path(path).read_text())
@@ -67,7 +91,7 @@ def rows_of(paths: list[str]) -> list[dict]:
             continue
         entries = data.get("results") or [e for call in data.get("calls") or [] for e in call.get("results") or []]
         for entry in entries:
-            if not isinstance(entry, dict) or entry.get("status") != "done" or entry.get("side") != "grpo":
+            if not _timed(entry):
                 continue
             if entry.get("shape") not in SHAPES or entry.get("config") not in CONFIGS:
                 continue
@@ -79,7 +103,8 @@ def rows_of(paths: list[str]) -> list[dict]:
             summary = entry["summary"]
             found[(entry["shape"], run)] = (
                 {
-                    "file": str(Path(path).relative_to(ROOT)) if Path(path).is_absolute() else path,
+                    "file": _shown(path),
+                    "run": run,
                     "shape": entry["shape"],
                     "tokens": entry["length"],
                     "config": entry["config"],
@@ -98,19 +123,25 @@ def rows_of(paths: list[str]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", nargs="+")
+    parser.add_argument("results", nargs="+", help="the runs the constants were fitted to")
+    parser.add_argument("--held-out", nargs="*", default=[], help="runs the constants did not see")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
-    rows = rows_of(args.results)
+    rows = rows_of(args.results, args.held_out)
     print(f"{'shape':14} {'tok':>5} {'config':18} {'mb':>3} off {'peak':>6} {'pred':>6} {'err':>6} {'step':>6} {'pred':>6} {'err':>6}")
-    for r in rows:
-        print(
-            f"{r['shape']:14} {r['tokens']:>5} {r['config']:18} {r['micro_batch']:>3} {'y' if r['offloading'] else 'n':>3} "
-            f"{r['peak_gib']:>6} {r['predicted_peak_gib']:>6} {r['peak_error']:>+6.1%} "
-            f"{r['step_s']:>6} {r['predicted_step_s']:>6} {r['step_error']:>+6.1%}"
-        )
-    worst = max(abs(r["peak_error"]) for r in rows), max(abs(r["step_error"]) for r in rows)
-    print(f"{len(rows)} configurations; largest error: peak {worst[0]:.1%}, step {worst[1]:.1%}")
+    for fitted in (True, False):
+        group = [r for r in rows if r["fitted"] == fitted]
+        if not group:
+            continue
+        print("fitted:" if fitted else "held out:")
+        for r in group:
+            print(
+                f"{r['shape']:14} {r['tokens']:>5} {r['config']:18} {r['micro_batch']:>3} {'y' if r['offloading'] else 'n':>3} "
+                f"{r['peak_gib']:>6} {r['predicted_peak_gib']:>6} {r['peak_error']:>+6.1%} "
+                f"{r['step_s']:>6} {r['predicted_step_s']:>6} {r['step_error']:>+6.1%}"
+            )
+        worst = max(abs(r["peak_error"]) for r in group), max(abs(r["step_error"]) for r in group)
+        print(f"  {len(group)} configurations; largest error: peak {worst[0]:.1%}, step {worst[1]:.1%}")
     if args.out:
         Path(args.out).write_text(json.dumps({"rows": rows}, indent=1))
 

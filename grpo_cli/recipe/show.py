@@ -158,10 +158,24 @@ def show_memory_plan(
         f"{PROMPT_TOKENS} tokens assumed; the model's config.json read, nothing loaded",
         soft_wrap=True,
     )
-    if mp.fits:
-        output.print(f"[green]fits[/]: {result.peak / GIB:.1f} GiB of {card.memory_gib:.1f}")
+    peak, memory = result.peak / GIB, card.memory_gib
+    if mp.parts > 1:
+        output.print(
+            f"sampled in {mp.parts} parts of {mp.part_rows} completions: the cache of all {run.rollout_rows} at once "
+            "would not fit (the same completions, longer steps)",
+            soft_wrap=True,
+        )
+    if mp.verdict == "fits":
+        output.print(f"[green]fits[/]: {peak:.1f} GiB of {memory:.1f}")
         return
-    output.print(f"[red]does not fit[/]: {result.peak / GIB:.1f} GiB predicted, {card.memory_gib:.1f} on the card")
+    if mp.verdict == "tight":
+        output.print(
+            f"[yellow]may not fit[/]: {peak:.1f} GiB predicted, {memory:.1f} on the card: closer to the card's size "
+            "than the prediction's error (docs/troubleshooting.md#out-of-gpu-memory)",
+            soft_wrap=True,
+        )
+    else:
+        output.print(f"[red]does not fit[/]: {peak:.1f} GiB predicted, {memory:.1f} on the card")
     if not mp.fixes:
         output.print("no single change fits it: a smaller model, or several of LoRA, ZeRO-3 and shorter completions")
     for what, after in mp.fixes:
