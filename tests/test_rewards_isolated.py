@@ -197,14 +197,15 @@ def test_what_a_reward_starts_ends_when_the_command_is_interrupted(tmp_path, mon
     path.write_text(STARTS)
     record = tmp_path / "started"
     monkeypatch.setenv("STARTED", str(record))
+    # Ctrl-C as in a terminal, also where the tests run in the background (a shell ignores SIGINT there, and the
+    # command would inherit that): the command starts with SIGINT's default action
+    as_in_a_terminal = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                        "os.execv(sys.executable, [sys.executable, '-m', 'grpo_cli', *sys.argv[1:]])")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "grpo_cli", "rewards", "score", "-c", "countdown",
+        [sys.executable, "-c", as_in_a_terminal, "rewards", "score", "-c", "countdown",
          "-i", str(DATA / "countdown_completions.jsonl"),
          "--reward_funcs", f"[{path}:starts_and_waits]", "--reward_weights", "[1]"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        # Ctrl-C as in a terminal, also where the tests run in the background (a shell ignores SIGINT there, and
-        # the command would inherit that)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     try:
         end = time.monotonic() + 60
