@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from grpo_cli import __version__
-from grpo_cli.errors import UserError
+from grpo_cli.errors import RunStopped, UserError
 
 app = typer.Typer(
     name="grpo",
@@ -65,11 +65,11 @@ def main() -> None:
     _log_to_console()
     try:
         app()
-    except UserError as err:
+    except (UserError, RunStopped) as err:
         from grpo_cli.console import print_problems
 
         print_problems([rank_prefix() + problem for problem in err.problems])
-        sys.exit(2)
+        sys.exit(err.code if isinstance(err, RunStopped) else 2)
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as err:
@@ -157,12 +157,7 @@ def _train(
         from grpo_cli.train.rl import run_rl as run
     else:
         from grpo_cli.train.sft import run_sft as run
-    from grpo_cli.train.checkpoints import Stopped
-
-    try:
-        run(recipe, resume=resume, overwrite=overwrite)
-    except Stopped as stop:  # saved a checkpoint on Ctrl-C or SIGTERM: 130 or 143, as the signal would have
-        raise typer.Exit(stop.code) from None
+    run(recipe, resume=resume, overwrite=overwrite)
 
 
 @app.command(context_settings=EXTRA_ARGS)

@@ -20,7 +20,7 @@ from transformers import TrainerCallback
 
 from grpo_cli.atomic import readable_tree
 from grpo_cli.console import console, escape
-from grpo_cli.errors import UserError
+from grpo_cli.errors import RunStopped, UserError
 from grpo_cli.models import checkpoint_folders, damaged_weights
 
 
@@ -229,13 +229,13 @@ def resume_point(
     return None
 
 
-class Stopped(KeyboardInterrupt):
-    """The run stopped on a signal after saving a checkpoint; `code` is the exit code (130 for SIGINT, 143 for
-    SIGTERM)."""
+class StoppedBySignal(RunStopped):
+    """The run stopped on a signal after saving a checkpoint (and saying so); the exit code is the signal's: 130 for
+    SIGINT, 143 for SIGTERM."""
 
     def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.code = 128 + signum
+        super().__init__(code=128 + signum)
+        self.signal = signal.Signals(signum).name
 
 
 class ResumedSchedule(TrainerCallback):

@@ -18,7 +18,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from grpo_cli.console import console
-from grpo_cli.errors import UserError
+from grpo_cli.errors import RunStopped, UserError
 from grpo_cli.models import first_nonfinite
 from grpo_cli.train.checkpoints import latest_checkpoint
 from grpo_cli.trl_private import BeforeClipping
@@ -27,8 +27,8 @@ from grpo_cli.trl_private import BeforeClipping
 STAGES = ("rollout probabilities", "rewards", "advantages", "loss", "gradient norm")
 
 
-class NonFiniteStop(UserError):
-    """The run stopped on non-finite numbers; the message says what, when, and how to go on."""
+class NonFiniteStop(RunStopped):
+    """The run stopped on non-finite numbers; the message says what, when, and how to go on (exit code 2)."""
 
 
 class GuardedSteps(BeforeClipping):

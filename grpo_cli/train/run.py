@@ -26,7 +26,7 @@ from grpo_cli.train.checkpoints import (
     ReadableCheckpoints,
     ResumedSchedule,
     RunLock,
-    Stopped,
+    StoppedBySignal,
     disk_full_problem,
     latest_checkpoint,
     resume_point,
@@ -188,7 +188,7 @@ class TrainingRun:
                 f"stopped at step {trainer.state.global_step}; the checkpoint is in {self.output_dir}. "
                 "Run the same command again to resume."
             )
-            raise Stopped(self.stop.signum)
+            raise StoppedBySignal(self.stop.signum)
         try:
             self._save_final(trainer)
             self._write_summary(trainer, result.metrics)
