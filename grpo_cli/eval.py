@@ -165,7 +165,7 @@ def model_specs(models: list[str], adapter: str | None, recipe_model: str | None
     """The models to evaluate: each --model (a run or adapter folder means base + that adapter); --adapter goes
     with one --model or, alone, with the base it names; neither means the recipe's model."""
     from grpo_cli.merge import base_model_of
-    from grpo_cli.models import find_adapter, find_full_model
+    from grpo_cli.run_folder import find_adapter, find_full_model
 
     def adapter_spec(path: str, base: str | None) -> ModelSpec:
         adapter_dir, label = find_adapter(path)
@@ -251,7 +251,9 @@ def _generate_transformers(
 
     from grpo_cli.engine import is_nonfinite_sampling
     from grpo_cli.engine.memory import is_out_of_memory
-    from grpo_cli.models import load_model, quiet_progress_bars, refuse_short_embedding
+    from grpo_cli.models import load_model
+    from grpo_cli.quiet import quiet_progress_bars
+    from grpo_cli.weights import refuse_short_embedding
 
     with quiet_progress_bars():
         model = load_model(spec.model, model_args, adapter=spec.adapter)

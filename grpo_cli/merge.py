@@ -18,7 +18,9 @@ from pathlib import Path
 
 from grpo_cli.atomic import check_writable, disk_full_message, is_disk_full, readable_tree, replace_folder
 from grpo_cli.errors import UserError
-from grpo_cli.models import find_adapter, load_tokenizer, quiet_progress_bars, resolve_model
+from grpo_cli.models import load_tokenizer, resolve_model
+from grpo_cli.quiet import quiet_progress_bars
+from grpo_cli.run_folder import find_adapter
 
 DTYPES = ("bfloat16", "float16", "float32")
 # Largest allowed |merged - unmerged| logit difference, relative to the probe's largest logit: merging reorders
@@ -157,7 +159,8 @@ def merge_adapter(
     import torch
     from peft import PeftModel
 
-    from grpo_cli.models import load_model, refuse_damaged, refuse_nonfinite
+    from grpo_cli.models import load_model
+    from grpo_cli.weights import refuse_damaged, refuse_nonfinite
 
     adapter_dir, label = find_adapter(adapter)
     recorded = base_model_of(adapter_dir)

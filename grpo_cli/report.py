@@ -19,7 +19,7 @@ from pathlib import Path
 from grpo_cli.atomic import check_writable, write_bytes, write_text
 from grpo_cli.diagnosis import Finding, diagnose, finite_number, is_training_log, nonfinite_steps
 from grpo_cli.errors import UserError
-from grpo_cli.models import CHECKPOINT_NAME, checkpoint_folders
+from grpo_cli.run_folder import CHECKPOINT_NAME, checkpoint_folders
 
 MAX_TABLE_ROWS = 25
 COLORS = ("tab:blue", "tab:orange")

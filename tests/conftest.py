@@ -44,7 +44,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def demo_tokenizer_dir(tmp_path_factory) -> Path:
     """The real SmolLM2-135M-Instruct tokenizer (with its chat template), saved alone in a tmp folder."""
-    from grpo_cli.models import load_tokenizer, prepare_demo_model
+    from grpo_cli.demo_model import prepare_demo_model
+    from grpo_cli.models import load_tokenizer
 
     if os.environ.get("GRPO_TEST_TOKENIZER"):
         tokenizer = load_tokenizer(os.environ["GRPO_TEST_TOKENIZER"])

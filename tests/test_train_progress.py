@@ -11,13 +11,12 @@ import pytest
 from rich.console import Console
 
 from grpo_cli.arguments import TrackingArguments
+from grpo_cli.quiet import NOISY_LOGGERS, quiet_libraries
 from grpo_cli.train.progress import (
-    NOISY_LOGGERS,
     SampleSchedule,
     logged_reward_names,
     metrics_line,
     pick_samples,
-    quiet_libraries,
     sample_panel,
     short_reward_names,
 )

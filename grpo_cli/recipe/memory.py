@@ -91,7 +91,8 @@ def model_shape(recipe: Recipe) -> ModelShape:
     """The recipe's model's shape from its config.json (a local folder, a prepared demo model, or the Hub)."""
     from transformers import AutoConfig
 
-    from grpo_cli.models import DEMO_MODELS, demo_model_dir, is_prepared, resolve_model
+    from grpo_cli.demo_model import DEMO_MODELS, demo_model_dir, is_prepared
+    from grpo_cli.models import resolve_model
     from grpo_cli.recipe.hardware import _environment
 
     name = str(recipe.values.get("model_name_or_path") or "")

@@ -19,9 +19,9 @@ from transformers import TrainerCallback
 
 from grpo_cli.console import console
 from grpo_cli.errors import RunStopped, UserError
-from grpo_cli.models import first_nonfinite
-from grpo_cli.train.checkpoints import latest_checkpoint
+from grpo_cli.run_folder import latest_checkpoint
 from grpo_cli.trl_private import BeforeClipping
+from grpo_cli.weights import first_nonfinite
 
 # What can go non-finite in a step, in the order the step computes it.
 STAGES = ("rollout probabilities", "rewards", "advantages", "loss", "gradient norm")

@@ -14,7 +14,7 @@ from grpo_cli.errors import UserError
 from grpo_cli.launch import world_size
 from grpo_cli.recipe import Recipe
 from grpo_cli.recipe.hardware import generation_batch
-from grpo_cli.train.checkpoints import latest_checkpoint
+from grpo_cli.run_folder import latest_checkpoint
 
 
 def _places(recipe: Recipe, *keys: str) -> str:

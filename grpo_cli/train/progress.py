@@ -1,19 +1,17 @@
 """What a person sees during `grpo rl` / `grpo sft`: one progress bar, one metrics line per log, sample completions.
 
-Importing this module is light (no torch, no transformers): call `quiet_libraries()` before importing the trainers so
-that their import-time messages are silenced too. `RunConsole` subclasses transformers' `TrainerCallback`, so it is
-built on first use (see `__getattr__` at the bottom).
+Importing this module is light (no torch, no transformers; the libraries' own noise is grpo_cli/quiet.py's).
+`RunConsole` subclasses transformers' `TrainerCallback`, so it is built on first use (see `__getattr__` at the
+bottom).
 """
 
 from __future__ import annotations
 
 import atexit
-import logging
 import math
 import os
 import re
 import time
-import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from functools import cache
@@ -37,88 +35,7 @@ from grpo_cli.diagnosis import FindingWatch, is_training_log
 from grpo_cli.diagnosis import finite_number as _get
 from grpo_cli.trl_private import logs_of
 
-# ------------------------------------------------------------------------------------------------ library noise
-
-# Loggers of the libraries under the trainer, and the lowest level a person should still see from each.
-NOISY_LOGGERS = {
-    "transformers": logging.ERROR,
-    "datasets": logging.ERROR,
-    "accelerate": logging.ERROR,
-    "peft": logging.WARNING,
-    "trl": logging.WARNING,
-    "bitsandbytes": logging.ERROR,  # "Failed to load CPU gemm_4bit_forward ..." at import, on every process
-    "DeepSpeed": logging.ERROR,  # "Setting accelerator to CPU ..." at import
-    "torch.distributed": logging.ERROR,
-    # "Backend impl ... could not be imported" for each optional backend (CuTe DSL, Ascend) absent, on every process
-    "liger_kernel": logging.ERROR,
-}
-
-# UserWarnings that libraries raise on every step or every process and that a person cannot act on.
-NOISY_WARNINGS = (
-    r"torch\.utils\.checkpoint: (the use_reentrant parameter|please pass in use_reentrant)",
-    r"None of the inputs have requires_grad=True",
-    r"You are importing from 'trl\.experimental'",
-    r"MatMul8bitLt: inputs will be cast",
-    r"TypedStorage is deprecated",
-    r".*is deprecated and will be removed in",
-    r"barrier\(\): using the device under current context",  # every accelerate wait_for_everyone, every process
-)
-
-
-class _Below(logging.Filter):
-    """Drops records under a level, even after a library resets its logger's level (DeepSpeed does at import)."""
-
-    def __init__(self, level: int):
-        super().__init__()
-        self.level = level
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= self.level
-
-
-_FILTERS: dict[str, _Below] = {}
-
-
-def verbose() -> bool:
-    """True when GRPO_VERBOSE asks to see every library message."""
-    return os.environ.get("GRPO_VERBOSE", "").strip().lower() not in ("", "0", "false", "no")
-
-
-def quiet_libraries() -> bool:
-    """Keep library chatter (info logs, per-step warnings, progress bars) off the console; errors stay visible.
-
-    Call it before importing torch/transformers/trl (it imports only their light logging modules).
-    Does nothing with GRPO_VERBOSE=1.
-    Returns whether it silenced.
-    """
-    if verbose():
-        return False
-    import datasets
-    import huggingface_hub.utils as hub
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.set_verbosity_error()
-    # transformers' bars (loading and writing weights, at every checkpoint) would break the training bar;
-    # the Hub's download bars stay.
-    downloads_shown = not hub.are_progress_bars_disabled()
-    transformers_logging.disable_progress_bar()
-    if downloads_shown:
-        hub.enable_progress_bars()
-    datasets.utils.logging.set_verbosity_error()
-    if os.environ.get("HF_DATASETS_DISABLE_PROGRESS_BARS") is None:  # a person's explicit choice wins
-        datasets.disable_progress_bars()
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    for name, level in NOISY_LOGGERS.items():
-        logger = logging.getLogger(name)
-        logger.setLevel(level)
-        logger.addFilter(_FILTERS.setdefault(name, _Below(level)))
-    # FutureWarnings are addressed to the code calling the library (transformers, trl), not to a person training.
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    for message in NOISY_WARNINGS:
-        warnings.filterwarnings("ignore", message=message, category=UserWarning)
-        warnings.filterwarnings("ignore", message=message, category=DeprecationWarning)
-    return True
-
+# ------------------------------------------------------------------------------------------- trainer printers
 
 def remove_default_printers(trainer) -> None:
     """Drop transformers' PrinterCallback (a dict per log) and progress bars so that only RunConsole prints."""

@@ -11,31 +11,25 @@ from grpo_cli.console import console, escape
 from grpo_cli.engine.attention import use_cudnn_attention
 from grpo_cli.errors import UserError
 from grpo_cli.launch import is_main_process
-from grpo_cli.models import (
-    first_nonfinite,
-    gpu_problems,
-    load_model,
-    load_tokenizer,
-    refuse_short_embedding,
-    render_prompt,
-)
+from grpo_cli.models import gpu_problems, load_model, load_tokenizer, render_prompt
+from grpo_cli.quiet import quiet_libraries
 from grpo_cli.recipe import Recipe
 from grpo_cli.recipe.check import tracking_problems
+from grpo_cli.run_folder import RunLock, latest_checkpoint
 from grpo_cli.train.checkpoints import (
     GracefulStop,
     ReadableCheckpoints,
     ResumedSchedule,
-    RunLock,
     StoppedBySignal,
     disk_full_problem,
-    latest_checkpoint,
     resume_point,
 )
 from grpo_cli.train.health import NonFiniteStop, StepGuard, stability_advice
 from grpo_cli.train.prediction import predicted
-from grpo_cli.train.progress import RunConsole, quiet_libraries, remove_default_printers
+from grpo_cli.train.progress import RunConsole, remove_default_printers
 from grpo_cli.train.stall import StallWatch
 from grpo_cli.train.tracking import swanlab_callback
+from grpo_cli.weights import first_nonfinite, refuse_short_embedding
 
 
 def _peak_gpu_memory(trainer) -> list[float] | None:
