@@ -123,6 +123,18 @@ def write_jsonl(path: str | Path, rows: list[dict]) -> None:
     write_text(path, "".join(json_text(row) + "\n" for row in rows))
 
 
+def write_rows(path: str | Path, make_rows, force: bool = False, option: str = "--out") -> list[dict]:
+    """The rows `make_rows()` returns, written to a .jsonl file atomically: the path is checked before any work, and
+    an existing file is replaced only with `force`."""
+    if not str(path).endswith(".jsonl"):
+        raise UserError(f"{option}: '{path}' must be a .jsonl file")
+    check_writable(path, option)
+    refuse_to_replace(path, option, force)
+    rows = make_rows()
+    write_jsonl(path, rows)
+    return rows
+
+
 def refuse_to_replace(path: str | Path, option: str, force: bool) -> None:
     """Every command that writes a file keeps one that exists unless told `--force` (as `grpo merge` keeps a folder)."""
     target = Path(path).expanduser()

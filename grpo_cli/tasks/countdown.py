@@ -165,15 +165,9 @@ def generate_rows(
 def write_generated(path: str, num: int, seed: int, force: bool = False, **options: int) -> list[dict]:
     """Generate `num` tasks (see generate_rows for the options) and write them to a .jsonl file atomically; an
     existing file is replaced only with `force`."""
-    from grpo_cli.atomic import check_writable, refuse_to_replace, write_jsonl
+    from grpo_cli.atomic import write_rows
 
-    if not str(path).endswith(".jsonl"):
-        raise UserError(f"--out: '{path}' must be a .jsonl file")
-    check_writable(path, "--out")
-    refuse_to_replace(path, "--out", force)
-    rows = generate_rows(num, seed, **options)
-    write_jsonl(path, rows)
-    return rows
+    return write_rows(path, lambda: generate_rows(num, seed, **options), force)
 
 
 @register_task

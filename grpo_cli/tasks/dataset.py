@@ -148,7 +148,7 @@ def _load_all(args: TaskArguments, task: Task) -> datasets.DatasetDict:
 def write_generated_rows(args: TaskArguments, path: str, force: bool = False) -> tuple[list[dict], str]:
     """Write the rows the data keys generate to a .jsonl file atomically (an existing file only with `force`);
     the rows and where they came from, in words."""
-    from grpo_cli.atomic import check_writable, refuse_to_replace, write_jsonl
+    from grpo_cli.atomic import write_rows
 
     task = get_task(args.task)
     if args.dataset_generate <= 0:
@@ -159,13 +159,7 @@ def write_generated_rows(args: TaskArguments, path: str, force: bool = False) ->
     problems = task_problems(args)
     if problems:
         raise UserError(*listing(problems))
-    if not str(path).endswith(".jsonl"):
-        raise UserError(f"--out: '{path}' must be a .jsonl file")
-    check_writable(path, "--out")
-    refuse_to_replace(path, "--out", force)
-    rows = task.generate(args)
-    write_jsonl(path, rows)
-    return rows, dataset_source(args)
+    return write_rows(path, lambda: task.generate(args), force), dataset_source(args)
 
 
 def _first_bad_json_line(path: Path) -> str | None:

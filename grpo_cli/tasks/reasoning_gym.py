@@ -285,15 +285,9 @@ def _row(name: str, item: dict, config_text: str) -> dict:
 def write_generated(path: str, name: str, num: int, seed: int, config: dict | None = None, force: bool = False):
     """Generate rows (see generate_rows) and write them to a .jsonl file atomically; an existing file is replaced
     only with `force`."""
-    from grpo_cli.atomic import check_writable, refuse_to_replace, write_jsonl
+    from grpo_cli.atomic import write_rows
 
-    if not str(path).endswith(".jsonl"):
-        raise UserError(f"--out: '{path}' must be a .jsonl file")
-    check_writable(path, "--out")
-    refuse_to_replace(path, "--out", force)
-    rows = generate_rows(name, num, seed, config)
-    write_jsonl(path, rows)
-    return rows
+    return write_rows(path, lambda: generate_rows(name, num, seed, config), force)
 
 
 def dataset_table():
