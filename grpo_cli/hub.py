@@ -73,11 +73,9 @@ def _complete(folder: Path, kind: str) -> bool:
     return any(path.is_file() for path in folder.rglob("*"))
 
 
-def modelscope_snapshot(repo_id: str, kind: str = "model", revision: str | None = None, key: str = "") -> str:
-    """The local folder of a ModelScope model or dataset (`kind`): from its cache when complete there, else downloaded.
-
-    `key` names the recipe key in messages (model_name_or_path, dataset_name).
-    """
+def modelscope_cached(repo_id: str, kind: str = "model", revision: str | None = None) -> str | None:
+    """The local folder of a ModelScope model or dataset where its cache holds it complete, else None (nothing is
+    downloaded)."""
     if problems := source_problems("modelscope"):
         raise UserError(*listing(problems))
     revision = None if revision in (None, "", "main") else revision  # main: Hugging Face's default; ModelScope's is master
@@ -89,11 +87,26 @@ def modelscope_snapshot(repo_id: str, kind: str = "model", revision: str | None 
     repo_type = "dataset" if kind == "dataset" else "model"
     try:
         cached = snapshot_download(repo_id=repo_id, repo_type=repo_type, revision=revision, local_files_only=True)
-    except Exception:  # noqa: BLE001 - not in the cache (modelscope raises its own types): download it below
-        cached = None
+    except Exception:  # noqa: BLE001 - not in the cache (modelscope raises its own types)
+        return None
     if cached and _complete(Path(cached), kind):
         _resolved[cache_key] = str(cached)
         return str(cached)
+    return None
+
+
+def modelscope_snapshot(repo_id: str, kind: str = "model", revision: str | None = None, key: str = "") -> str:
+    """The local folder of a ModelScope model or dataset (`kind`): from its cache when complete there, else downloaded.
+
+    `key` names the recipe key in messages (model_name_or_path, dataset_name).
+    """
+    cached = modelscope_cached(repo_id, kind, revision)
+    if cached:
+        return cached
+    revision = None if revision in (None, "", "main") else revision  # main: Hugging Face's default; ModelScope's is master
+    from modelscope import snapshot_download
+
+    repo_type = "dataset" if kind == "dataset" else "model"
     try:
         folder = snapshot_download(repo_id=repo_id, repo_type=repo_type, revision=revision)
     except Exception as err:  # noqa: BLE001 - offline, unknown id, no access: all the user's to fix
@@ -110,7 +123,7 @@ def modelscope_snapshot(repo_id: str, kind: str = "model", revision: str | None 
             + ("config.json and weights" if kind == "model" else "files")
             + " - check the id"
         )
-    _resolved[cache_key] = str(folder)
+    _resolved[(kind, repo_id, revision, os.environ.get("MODELSCOPE_CACHE"))] = str(folder)
     return str(folder)
 
 

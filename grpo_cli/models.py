@@ -73,6 +73,36 @@ def resolve_model(name_or_path: str, revision: str | None = None) -> str:
     return hub_model(name_or_path, revision)
 
 
+def model_config(name_or_path: str, revision: str | None = None, trust_remote_code: bool = False):
+    """The model's transformers config, read without loading, converting or downloading its weights: from a local
+    folder, a prepared demo model, the Hub (config.json alone) or a ModelScope model's cached snapshot. What cannot be
+    read so is one UserError saying why and what to do."""
+    from transformers import AutoConfig
+
+    from grpo_cli.demo_model import demo_model_dir, is_prepared
+    from grpo_cli.hub import model_source, modelscope_cached
+
+    name = str(name_or_path or "").strip()
+    path = Path(name).expanduser()
+    demo = name.lower() if name.lower() in DEMO_MODELS else path.name if path.name in DEMO_MODELS else None
+    if demo and not path.exists():
+        source = str(demo_model_dir(demo))
+        if not is_prepared(Path(source)):
+            raise UserError(f"the demo model {demo} is not prepared yet - `grpo models prepare {demo}` converts it")
+    elif path.exists() or is_local_path(name):
+        source = resolve_model(name, revision)  # a local folder, checked: nothing is fetched
+    elif model_source() == "modelscope":
+        source = modelscope_cached(name, "model", revision)
+        if source is None:
+            raise UserError(f"{name} is not in ModelScope's cache yet: its config is read once a run has downloaded it")
+    else:
+        source = name
+    try:
+        return AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise UserError(f"the config of {name} could not be read ({str(err).strip().splitlines()[0]})") from None
+
+
 
 # ------------------------------------------------------------------------------------------- load kwargs
 

@@ -571,3 +571,21 @@ def test_bf16_on_the_cpu_is_the_machines_where_the_recipe_leaves_it_unset(tmp_pa
     slow = load_recipe(str(path), [], "rl", hardware=Hardware(gpu=False))  # bf16 emulated: several times slower
     assert slow.values["bf16"] is False and slow.where("bf16") == "hardware default (no GPU)"
     assert load_recipe(str(path), ["--bf16", "true"], "rl", hardware=Hardware(gpu=False)).values["bf16"] is True
+
+
+def test_reading_a_recipe_for_a_gpu_prepares_and_downloads_nothing(tmp_path, monkeypatch, tiny_model_dir):
+    """The machine's defaults read the model's config.json only where it already is (a local folder, a prepared demo
+    model, the Hub's config file): a demo model not prepared yet stays so, and the plan says why offloading was not
+    decided."""
+    from grpo_cli.recipe.hardware import Hardware, hardware_defaults
+
+    monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "cache"))
+    gpu = Hardware(gpu=True)
+    values = {"model_name_or_path": "smollm2-135m-instruct", "gradient_checkpointing": True,
+              "per_device_train_batch_size": 64, "num_generations": 8}  # fmt: skip
+    chosen, notes = hardware_defaults("rl", values, gpu)
+    assert not (tmp_path / "cache").exists() and "activation_offloading" not in chosen
+    assert ("activation_offloading is left off: the demo model smollm2-135m-instruct is not prepared yet - "
+            "`grpo models prepare smollm2-135m-instruct` converts it") in notes  # fmt: skip
+    chosen, notes = hardware_defaults("rl", {**values, "model_name_or_path": str(tiny_model_dir)}, gpu)
+    assert chosen["activation_offloading"][0] is True and not [n for n in notes if "left off" in n]

@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from grpo_cli.errors import UserError
 from grpo_cli.recipe import schema
 
 STATIC = "static"
@@ -141,7 +142,14 @@ def hardware_defaults(
         return chosen, notes
     if command != "rl" or not hardware.training or values.get("deepspeed"):
         return chosen, notes
-    why = None if hardware.sharded or values.get("fsdp") else training_sets_the_peak(values, hardware, env or {})
+    why = None
+    if not (hardware.sharded or values.get("fsdp")):
+        try:
+            why = training_sets_the_peak(values, hardware, env or {})
+        except UserError as err:
+            notes.append(f"activation_offloading is left off: {err}")
+        except Exception as err:  # noqa: BLE001 - a config transformers cannot read: the run's loading says why
+            notes.append(f"activation_offloading is left off: the model's config could not be read ({err})")
     if why:
         # LoRA does not train the LM head: nothing for the lean backward to save
         for key in ("activation_offloading",) if values.get("use_peft") else ("activation_offloading", "lean_lm_head"):
@@ -169,26 +177,23 @@ def training_sets_the_peak(values: dict, hardware: Hardware, env: dict) -> str |
     """Why offloading layer inputs should lower this run's peak (None where it likely would not): gradient
     checkpointing is on and a micro-batch's layer inputs are a large share of the rollout's KV cache (half of it
     with full fine-tuning, whose weight gradients add to the forward/backward's side; all of it with LoRA). Reads
-    the model's config, under the recipe's `env:` (a Hub mirror, a cache folder)."""
+    the model's config (`grpo_cli.models.model_config`: nothing loaded, converted or downloaded but config.json),
+    under the recipe's `env:` (a Hub mirror, a cache folder); one that cannot be read is a UserError."""
     values = {**{key: spec.get("default") for key, spec in schema.keys("rl").items()}, **values}
     if not values.get("gradient_checkpointing"):
         return None
-    from transformers import AutoConfig
-
     from grpo_cli.engine.offload import layer_input_share
-    from grpo_cli.models import resolve_model
+    from grpo_cli.models import model_config
 
+    with _environment(env, values.get("model_source")):  # a config that cannot be read: a UserError, for the plan
+        config = model_config(
+            values["model_name_or_path"], values.get("model_revision"), bool(values.get("trust_remote_code"))
+        )
+    config = getattr(config, "text_config", None) or config
     try:
-        with _environment(env, values.get("model_source")):
-            config = AutoConfig.from_pretrained(
-                resolve_model(values["model_name_or_path"], values.get("model_revision")),
-                revision=values.get("model_revision"),
-                trust_remote_code=bool(values.get("trust_remote_code")),
-            )
-        config = getattr(config, "text_config", None) or config
         rows = generation_batch(values, hardware.processes) // hardware.processes
         share = layer_input_share(config, values["per_device_train_batch_size"], rows)
-    except Exception:  # noqa: BLE001 - no config to size from: loading the model reports the problem
+    except (AttributeError, TypeError, ZeroDivisionError):  # a config without the sizes: nothing to decide from
         return None
     if share < (1.0 if values.get("use_peft") else 0.5):
         return None

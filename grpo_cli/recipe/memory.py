@@ -89,25 +89,14 @@ def _known(name: str) -> Card | None:
 
 def model_shape(recipe: Recipe) -> ModelShape:
     """The recipe's model's shape from its config.json (a local folder, a prepared demo model, or the Hub)."""
-    from transformers import AutoConfig
-
-    from grpo_cli.demo_model import DEMO_MODELS, demo_model_dir, is_prepared
-    from grpo_cli.models import resolve_model
+    from grpo_cli.models import model_config
     from grpo_cli.recipe.hardware import _environment
 
     name = str(recipe.values.get("model_name_or_path") or "")
-    if name.strip().lower() in DEMO_MODELS and not is_prepared(demo_model_dir(name.strip().lower())):
-        raise UserError(f"the demo model {name} is not prepared yet - `grpo models prepare {name}` converts it")
     with _environment(dict(recipe.env), recipe.values.get("model_source")):
-        revision = recipe.values.get("model_revision")
-        try:
-            config = AutoConfig.from_pretrained(
-                resolve_model(name, revision),
-                revision=revision,
-                trust_remote_code=bool(recipe.values.get("trust_remote_code")),
-            )
-        except (OSError, ValueError) as err:
-            raise UserError(f"the config of {name} could not be read ({str(err).splitlines()[0]})") from None
+        config = model_config(
+            name, recipe.values.get("model_revision"), bool(recipe.values.get("trust_remote_code"))
+        )
     shape = ModelShape.of(config)
     if None in (shape.hidden, shape.layers, shape.heads, shape.head_dim, shape.intermediate, shape.vocab):
         raise UserError(f"{name}'s config is not a decoder the prediction knows (hidden, layers, heads, MLP sizes)")
