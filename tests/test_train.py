@@ -185,7 +185,7 @@ def test_one_run_per_output_folder_and_rl_never_resumes_an_sft_run(tmp_path, tin
     with pytest.raises(UserError, match=r"holds a `grpo sft` run: `grpo rl` would resume its checkpoint-2"):
         train(rl, "rl", ["--output_dir", str(sft_out), "--max_steps", "3"])
     hold = (
-        f"from grpo_cli.train.checkpoints import RunLock; RunLock({str(tmp_path / 'rl')!r}); "
+        f"from grpo_cli.run_folder import RunLock; RunLock({str(tmp_path / 'rl')!r}); "
         "print('held', flush=True); import time; time.sleep(60)"
     )
     holder = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)

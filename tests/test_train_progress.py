@@ -247,7 +247,7 @@ def test_importing_the_console_does_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys, grpo_cli.train.progress as c; c.quiet_libraries(); print('torch' in sys.modules)"
+    code = "import sys, grpo_cli.train.progress, grpo_cli.quiet as q; q.quiet_libraries(); print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 
