@@ -101,12 +101,12 @@ def crafted_head(length: int, left_padding: int = 0, head_size: int = 64):
 def crafted(length: int, cudnn: bool, left_padding: int = 0) -> dict:
     import torch
 
-    from grpo_cli.engine.attention import use_cudnn_attention
+    from grpo_cli.engine.attention import cudnn_attention
 
-    use_cudnn_attention(cudnn)
     query, key, value, mask = crafted_head(length, left_padding)
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask)
-    out.backward(torch.ones_like(out))
+    with cudnn_attention(cudnn):
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+        out.backward(torch.ones_like(out))
     found = {name: int((~torch.isfinite(t.grad)).sum()) for name, t in zip(("query", "key", "value"), (query, key, value))}
     return {
         "length": length,
@@ -123,9 +123,8 @@ def real_model(path: str, length: int, cudnn: bool) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from grpo_cli.engine.attention import use_cudnn_attention
+    from grpo_cli.engine.attention import cudnn_attention
 
-    use_cudnn_attention(cudnn)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
@@ -134,9 +133,10 @@ def real_model(path: str, length: int, cudnn: bool) -> dict:
     attention = torch.ones_like(ids)
     for row in range(8):
         attention[row, :row] = 0
-    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=129).logits[:, :-1].float()
-    loss = -torch.log_softmax(logits, -1).gather(-1, ids[:, -128:, None]).mean()
-    loss.backward()
+    with cudnn_attention(cudnn):
+        logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=129).logits[:, :-1].float()
+        loss = -torch.log_softmax(logits, -1).gather(-1, ids[:, -128:, None]).mean()
+        loss.backward()
     names = [name for name, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
     del model
     torch.cuda.empty_cache()

@@ -120,7 +120,8 @@ def test_nan_gradients_in_a_row_stop_with_the_keys_that_usually_help(tmp_path, t
 
 def test_training_keeps_torch_off_its_cudnn_attention_unless_the_recipe_lets_it(tmp_path, tiny_model_dir):
     """Both commands: a run turns scaled_dot_product_attention's cuDNN kernels off (their backward makes NaN query
-    gradients on padded batches of some lengths), and `cudnn_attention: true` leaves them on."""
+    gradients on padded batches of some lengths), `cudnn_attention: true` leaves them on, and the process has them as
+    before once the run is over."""
     import torch
 
     from grpo_cli.recipe import load_recipe
@@ -131,10 +132,15 @@ def test_training_keeps_torch_off_its_cudnn_attention_unless_the_recipe_lets_it(
         for command in ("rl", "sft"):
             path = recipe_file(tmp_path / command, tiny_model_dir, command)
             torch.backends.cuda.enable_cudnn_sdp(True)
-            TrainingRun(load_recipe(str(path), [], command))
+            run = TrainingRun(load_recipe(str(path), [], command))
             assert not torch.backends.cuda.cudnn_sdp_enabled()
-            TrainingRun(load_recipe(str(path), ["--cudnn_attention", "true"], command), overwrite=True)
+            run.close()
             assert torch.backends.cuda.cudnn_sdp_enabled()
+            torch.backends.cuda.enable_cudnn_sdp(False)
+            run = TrainingRun(load_recipe(str(path), ["--cudnn_attention", "true"], command), overwrite=True)
+            assert torch.backends.cuda.cudnn_sdp_enabled()
+            run.close()
+            assert not torch.backends.cuda.cudnn_sdp_enabled()
     finally:
         torch.backends.cuda.enable_cudnn_sdp(before)
 

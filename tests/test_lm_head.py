@@ -77,7 +77,8 @@ def test_fused_head_of_a_real_model_uses_it(monkeypatch, tiny_model_dir):
     assert torch.equal(got, expected)
 
 
-def test_use_lean_lm_head_swaps_trls_function(monkeypatch):
+def test_the_lean_lm_head_swaps_trls_function_for_its_block_only(monkeypatch):
     monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", trl_kernels.ChunkedLogProbFunction)
-    lm_head.use_lean_lm_head()
-    assert trl_utils._ChunkedLogProbFunction is LeanChunkedLogProb
+    with lm_head.lean_lm_head():
+        assert trl_utils._ChunkedLogProbFunction is LeanChunkedLogProb
+    assert trl_utils._ChunkedLogProbFunction is trl_kernels.ChunkedLogProbFunction

@@ -11,9 +11,17 @@ same attention without it.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 
-def use_cudnn_attention(enabled: bool) -> None:
-    """Let (or stop) scaled_dot_product_attention pick its cuDNN kernels, in this process from now on."""
+
+@contextmanager
+def cudnn_attention(enabled: bool):
+    """Inside the block, scaled_dot_product_attention may (or may not) pick its cuDNN kernels; after it, as before."""
     import torch
 
+    before = torch.backends.cuda.cudnn_sdp_enabled()
     torch.backends.cuda.enable_cudnn_sdp(enabled)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)

@@ -14,6 +14,8 @@ bit for bit on the CPU (`tests/test_lm_head.py`); only what is held at once chan
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from trl.kernels import chunked_logprob as trl_kernels
 from trl.trainer import utils as trl_utils
@@ -93,6 +95,13 @@ class LeanChunkedLogProb(trl_kernels.ChunkedLogProbFunction):
         )
 
 
-def use_lean_lm_head() -> None:
-    """Make TRL's fused LM head (every GRPOTrainer's policy forward) run `LeanChunkedLogProb`."""
+@contextmanager
+def lean_lm_head():
+    """Inside the block, TRL's fused LM head (every GRPOTrainer's policy forward in this process) runs
+    `LeanChunkedLogProb`; after it, what it ran before."""
+    before = trl_private.chunked_logprob()
     trl_private.use_chunked_logprob(LeanChunkedLogProb)
+    try:
+        yield
+    finally:
+        trl_private.use_chunked_logprob(before)

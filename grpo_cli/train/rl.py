@@ -17,7 +17,6 @@ from grpo_cli.arguments import SamplingArguments
 from grpo_cli.atomic import json_text
 from grpo_cli.console import console
 from grpo_cli.engine import is_nonfinite_sampling
-from grpo_cli.engine.lm_head import use_lean_lm_head
 from grpo_cli.engine.offload import LayerInputOffload
 from grpo_cli.errors import UserError
 from grpo_cli.once import SayOnce
@@ -221,41 +220,38 @@ def conversational(reward_func):
 @explains_out_of_memory
 def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path:
     """Train the recipe's model with GRPO; returns the folder holding the final model or adapter."""
-    run = TrainingRun(recipe, resume=resume, overwrite=overwrite)
-    prompts = run.prompts_dataset()
-    rewards = [conversational(f) for f in reward_funcs(recipe)]
-    names = reward_names(recipe)
-    chosen = accuracy_reward(recipe.task.task, names)
-    rollouts_path = None
-    if run.main:  # one process writes the rollouts; a resumed run does the steps after its checkpoint again
-        rollouts_path = Path(run.args.output_dir) / "rollouts.jsonl"
-        keep_rollouts_before(rollouts_path, int(run.checkpoint.name.rpartition("-")[2]) if run.checkpoint else 0)
-    model = run.load_model()
-    if recipe.memory.lean_lm_head:
-        use_lean_lm_head()  # for every GRPOTrainer of this process
-
-    with warnings.catch_warnings():
-        # The rollout function is grpo's own, not an experiment of the user's: TRL's warning about it is noise.
-        warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
-        # TRL applies liger's kernels through `use_liger_kernel` (grpo's GPU default); its notice that the flag
-        # will change is for library users, not for a grpo run.
-        warnings.filterwarnings("ignore", message="`use_liger_kernel=True` is deprecated")
-        trainer = RLTrainer(
-            model=model,
-            reward_funcs=rewards,
-            args=run.args,
-            train_dataset=prompts,
-            processing_class=run.tokenizer,
-            peft_config=run.peft_config(),
-            callbacks=run.callbacks(),
-            rollout_func=static_rollout(run.args, recipe.rollout.rollout_engine, model),  # None: TRL's own generation
-            sampling=recipe.sampling,
-            accuracy_column=(names.index(chosen[0]), chosen[1]) if chosen else None,
-            rollouts_path=rollouts_path,
-        )
-    if recipe.memory.activation_offloading:
-        LayerInputOffload(trainer.model)  # lives in the hooks it puts on the model
-    return run.train(trainer)
+    with TrainingRun(recipe, resume=resume, overwrite=overwrite) as run:  # left however the run ends
+        prompts = run.prompts_dataset()
+        rewards = [conversational(f) for f in reward_funcs(recipe)]
+        names = reward_names(recipe)
+        chosen = accuracy_reward(recipe.task.task, names)
+        rollouts_path = None
+        if run.main:  # one process writes the rollouts; a resumed run does the steps after its checkpoint again
+            rollouts_path = Path(run.args.output_dir) / "rollouts.jsonl"
+            keep_rollouts_before(rollouts_path, int(run.checkpoint.name.rpartition("-")[2]) if run.checkpoint else 0)
+        model = run.load_model()
+        with warnings.catch_warnings():
+            # The rollout function is grpo's own, not an experiment of the user's: TRL's warning about it is noise.
+            warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
+            # TRL applies liger's kernels through `use_liger_kernel` (grpo's GPU default); its notice that the flag
+            # will change is for library users, not for a grpo run.
+            warnings.filterwarnings("ignore", message="`use_liger_kernel=True` is deprecated")
+            trainer = RLTrainer(
+                model=model,
+                reward_funcs=rewards,
+                args=run.args,
+                train_dataset=prompts,
+                processing_class=run.tokenizer,
+                peft_config=run.peft_config(),
+                callbacks=run.callbacks(),
+                rollout_func=static_rollout(run.args, recipe.rollout.rollout_engine, model),  # None: TRL's own generation
+                sampling=recipe.sampling,
+                accuracy_column=(names.index(chosen[0]), chosen[1]) if chosen else None,
+                rollouts_path=rollouts_path,
+            )
+        if recipe.memory.activation_offloading:
+            LayerInputOffload(trainer.model)  # lives in the hooks it puts on the model
+        return run.train(trainer)
 
 
 def keep_rollouts_before(path: Path, step: int) -> None:

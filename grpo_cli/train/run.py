@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
+from typing import Self
 
 from grpo_cli.atomic import is_disk_full, json_text, readable_tree, replace_folder, write_text
 from grpo_cli.console import console, escape
-from grpo_cli.engine.attention import use_cudnn_attention
+from grpo_cli.engine.attention import cudnn_attention
+from grpo_cli.engine.lm_head import lean_lm_head
 from grpo_cli.errors import UserError
 from grpo_cli.launch import is_main_process
 from grpo_cli.models import gpu_problems, load_model, load_tokenizer, render_prompt
@@ -57,11 +60,12 @@ class TrainingRun:
         self.output_dir = Path(self.args.output_dir)
         self.main = is_main_process()
         self.lock = RunLock(self.output_dir) if self.main else None  # before anything in the folder is touched
+        # process-wide switches the recipe asks for, entered here and left when the run ends (`close`)
+        self.switches = contextlib.ExitStack()
         try:
             self._prepare(recipe, resume, overwrite)
         except BaseException:
-            if self.lock is not None:  # refused or failed before training: the folder is free, as it was
-                self.lock.release()
+            self.close()  # refused or failed before training: the folder is free and the process as it was
             raise
 
     def _prepare(self, recipe: Recipe, resume: bool, overwrite: bool) -> None:
@@ -76,7 +80,9 @@ class TrainingRun:
         )
         self.stop = GracefulStop()
         health = recipe.health
-        use_cudnn_attention(health.cudnn_attention)
+        self.switches.enter_context(cudnn_attention(health.cudnn_attention))
+        if recipe.command == "rl" and recipe.memory.lean_lm_head:
+            self.switches.enter_context(lean_lm_head())  # for every GRPOTrainer of this process
         self.guard = None
         if health.nonfinite_guard:
             advice = stability_advice(recipe.resolved())
@@ -124,16 +130,21 @@ class TrainingRun:
         )
         return callbacks + ([tracker] if tracker else [])
 
-    def train(self, trainer) -> Path:
-        """Train (resuming when there is a checkpoint), save the final model with its tokenizer, return its folder;
-        the output folder is free for another run afterwards, however this one ended."""
-        try:
-            return self._train(trainer)
-        finally:
-            if self.lock is not None:
-                self.lock.release()
+    def __enter__(self) -> Self:
+        return self
 
-    def _train(self, trainer) -> Path:
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """The run is over, however it ended: its output folder free for another run, the process-wide switches as
+        they were before it."""
+        self.switches.close()
+        if self.lock is not None:
+            self.lock.release()
+
+    def train(self, trainer) -> Path:
+        """Train (resuming when there is a checkpoint), save the final model with its tokenizer, return its folder."""
         for callback in trainer.callback_handler.callbacks:
             if hasattr(callback, "trainer"):  # the console and the tracker show sample completions from the trainer
                 callback.trainer = trainer

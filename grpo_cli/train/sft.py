@@ -20,14 +20,14 @@ def run_sft(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Pat
     class GuardedSFTTrainer(GuardedSteps, SFTTrainer):
         """SFTTrainer whose micro-batch losses go to the run's StepGuard."""
 
-    run = TrainingRun(recipe, resume=resume, overwrite=overwrite)
-    examples = sft_dataset(recipe.task, recipe.task.dataset_train_split)
-    trainer = GuardedSFTTrainer(
-        model=run.load_model(),
-        args=run.args,
-        train_dataset=examples,
-        processing_class=run.tokenizer,
-        peft_config=run.peft_config(),
-        callbacks=run.callbacks(),
-    )
-    return run.train(trainer)
+    with TrainingRun(recipe, resume=resume, overwrite=overwrite) as run:  # left however the run ends
+        examples = sft_dataset(recipe.task, recipe.task.dataset_train_split)
+        trainer = GuardedSFTTrainer(
+            model=run.load_model(),
+            args=run.args,
+            train_dataset=examples,
+            processing_class=run.tokenizer,
+            peft_config=run.peft_config(),
+            callbacks=run.callbacks(),
+        )
+        return run.train(trainer)
