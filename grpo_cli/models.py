@@ -84,7 +84,8 @@ def model_config(name_or_path: str, revision: str | None = None, trust_remote_co
 
     name = str(name_or_path or "").strip()
     path = Path(name).expanduser()
-    demo = name.lower() if name.lower() in DEMO_MODELS else path.name if path.name in DEMO_MODELS else None
+    recorded = path.name in DEMO_MODELS and path.parent.name == "models"  # a demo model's cache folder, elsewhere
+    demo = name.lower() if name.lower() in DEMO_MODELS else path.name if recorded else None
     if demo and not path.exists():
         source = str(demo_model_dir(demo))
         if not is_prepared(Path(source)):
@@ -100,7 +101,8 @@ def model_config(name_or_path: str, revision: str | None = None, trust_remote_co
     try:
         return AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
-        raise UserError(f"the config of {name} could not be read ({str(err).strip().splitlines()[0]})") from None
+        why = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserError(f"the config of {name} could not be read ({why})") from None
 
 
 

@@ -515,3 +515,20 @@ def test_weights_of_other_shapes_than_the_config_are_one_message(tmp_path, tiny_
     (model / "config.json").write_text(json.dumps({**config, "intermediate_size": config["intermediate_size"] + 32}))
     with pytest.raises(UserError, match="its weights have other shapes than its config.json says"):
         load_model(str(model))
+
+
+def test_a_models_config_is_read_without_preparing_or_downloading_it(tmp_path, monkeypatch, tiny_model_dir):
+    """`model_config` reads config.json where it already is: a local folder; a demo model only once prepared (its
+    short name or its cache folder recorded elsewhere); a Hub id, also one that ends like the demo model's name, from
+    the Hub alone (offline here: one message)."""
+    from grpo_cli.models import model_config
+
+    monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert model_config(str(tiny_model_dir)).hidden_size > 0
+    for name in ("smollm2-135m-instruct", "/elsewhere/models/smollm2-135m-instruct"):
+        with pytest.raises(UserError, match="the demo model smollm2-135m-instruct is not prepared yet"):
+            model_config(name)
+    with pytest.raises(UserError, match="the config of someorg/smollm2-135m-instruct could not be read"):
+        model_config("someorg/smollm2-135m-instruct")
+    assert not (tmp_path / "cache").exists()
