@@ -37,13 +37,15 @@ check-recipes: install
 	for r in $$($(BIN)/python -c "from grpo_cli.recipe import builtin_recipes; print(' '.join(builtin_recipes()))"); do \
 		$(BIN)/grpo check -c $$r || exit 1; done
 
-# The offline demo: SmolLM2-135M-Instruct learns Countdown's format on 2 CPU cores (about 10 minutes).
+# The offline demo: SmolLM2-135M-Instruct learns Countdown's format on 2 CPU cores (about 10 minutes). Its GRPO step
+# loads float32 weights, as the cold start does: bf16 autocast is the machine's (emulated bfloat16 is slow on a CPU).
 demo: install
 	$(BIN)/grpo models prepare smollm2-135m-instruct
 	$(BIN)/grpo sft -c demo/countdown-sft --no-resume --overwrite
-	$(BIN)/grpo rl -c demo/countdown-rl --model_name_or_path $(DEMO)/sft --no-resume --overwrite
+	$(BIN)/grpo rl -c demo/countdown-rl --model_name_or_path $(DEMO)/sft --dtype float32 --no-resume --overwrite
 	$(BIN)/grpo merge --adapter $(DEMO)/rl --output $(DEMO)/merged --force
 	$(BIN)/grpo eval -c demo/countdown-rl --model smollm2-135m-instruct --model $(DEMO)/sft --model $(DEMO)/merged \
+		--dtype float32 \
 		--limit 48 --batch-size 16 --output $(DEMO)/eval
 
 # The same flow on one GPU, in the settings of the time-to-accuracy benchmark's SmolLM2 runs (docs/performance.md:

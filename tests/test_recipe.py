@@ -528,6 +528,12 @@ def test_keys_that_need_a_gpu_are_said_in_the_plan_on_a_machine_without_one(tmp_
         assert len(said) == 1, plan.warnings
         assert not check_recipe(load_recipe(str(path), [f"--{key}", "true"], "rl", hardware=gpu)).warnings
     assert not check_recipe(load_recipe(str(path), ["--bf16", "true", "--use_cpu", "true"], "rl", hardware=cpu)).warnings
+    bf16_weights = check_recipe(load_recipe(str(path), ["--dtype", "bfloat16"], "rl", hardware=cpu)).warnings
+    emulated = ("dtype: bfloat16 on a CPU without AVX512-BF16: its matrix products are emulated, several times slower "
+                "than in float32 - `--dtype float32` for a run on this machine")  # fmt: skip
+    assert bf16_weights == [emulated]
+    fast = Hardware(gpu=False, cpu_bf16=True)
+    assert not check_recipe(load_recipe(str(path), ["--dtype", "bfloat16"], "rl", hardware=fast)).warnings
     sft = write(tmp_path, "model_name_or_path: m\nbf16: true\n", name="sft.yaml")
     [warning] = check_recipe(load_recipe(str(sft), [], "sft", hardware=cpu)).warnings
     assert "bf16: true (mixed precision) needs a GPU with bfloat16 - set bf16: false, or use_cpu: true" in warning

@@ -236,13 +236,21 @@ def _value_problems(recipe: Recipe) -> list[Problem]:
 
 def machine_warnings(recipe: Recipe) -> list[str]:
     """What this machine cannot run of the recipe (keys that need a CUDA GPU, on a machine without one), said in the
-    plan: `grpo check` previews a recipe for any machine, and `grpo rl`/`grpo sft` stop on these before loading."""
+    plan: `grpo check` previews a recipe for any machine, and `grpo rl`/`grpo sft` stop on these before loading. And
+    what it would run slowly: 16-bit weights on a CPU that emulates their matrix products."""
     from grpo_cli.models import gpu_problems
 
     if recipe.hardware is None or recipe.hardware.gpu:
         return []
     problems = gpu_problems(recipe.values, recipe.values, has_cuda=False)
-    return [f"this machine has no CUDA GPU: a run here would stop on {problem}" for problem in problems]
+    found = [f"this machine has no CUDA GPU: a run here would stop on {problem}" for problem in problems]
+    dtype = recipe.values.get("dtype")
+    if dtype in ("bfloat16", "float16") and not recipe.hardware.cpu_bf16:
+        found.append(
+            f"dtype: {dtype} on a CPU without AVX512-BF16: its matrix products are emulated, several times slower "
+            "than in float32 - `--dtype float32` for a run on this machine"
+        )
+    return found
 
 
 def _located(recipe: Recipe, problems: list[Problem]) -> list[Problem]:
