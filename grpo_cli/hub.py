@@ -73,13 +73,19 @@ def _complete(folder: Path, kind: str) -> bool:
     return any(path.is_file() for path in folder.rglob("*"))
 
 
+def _modelscope_key(repo_id: str, kind: str, revision: str | None) -> tuple[str | None, tuple]:
+    """ModelScope's revision for `revision` (main, Hugging Face's default, is ModelScope's master: None) and the key
+    of the folder found for it in this process."""
+    revision = None if revision in (None, "", "main") else revision
+    return revision, (kind, repo_id, revision, os.environ.get("MODELSCOPE_CACHE"))
+
+
 def modelscope_cached(repo_id: str, kind: str = "model", revision: str | None = None) -> str | None:
     """The local folder of a ModelScope model or dataset where its cache holds it complete, else None (nothing is
     downloaded)."""
     if problems := source_problems("modelscope"):
         raise UserError(*listing(problems))
-    revision = None if revision in (None, "", "main") else revision  # main: Hugging Face's default; ModelScope's is master
-    cache_key = (kind, repo_id, revision, os.environ.get("MODELSCOPE_CACHE"))
+    revision, cache_key = _modelscope_key(repo_id, kind, revision)
     if cache_key in _resolved:
         return _resolved[cache_key]
     from modelscope import snapshot_download
@@ -103,7 +109,7 @@ def modelscope_snapshot(repo_id: str, kind: str = "model", revision: str | None 
     cached = modelscope_cached(repo_id, kind, revision)
     if cached:
         return cached
-    revision = None if revision in (None, "", "main") else revision  # main: Hugging Face's default; ModelScope's is master
+    revision, cache_key = _modelscope_key(repo_id, kind, revision)
     from modelscope import snapshot_download
 
     repo_type = "dataset" if kind == "dataset" else "model"
@@ -123,7 +129,7 @@ def modelscope_snapshot(repo_id: str, kind: str = "model", revision: str | None 
             + ("config.json and weights" if kind == "model" else "files")
             + " - check the id"
         )
-    _resolved[(kind, repo_id, revision, os.environ.get("MODELSCOPE_CACHE"))] = str(folder)
+    _resolved[cache_key] = str(folder)
     return str(folder)
 
 

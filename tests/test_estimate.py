@@ -110,7 +110,7 @@ def test_the_verdicts_on_a_24_gib_card_agree_with_the_runs_there():
     """grpo_bench.py's runs on an H200 held to 24 GiB: each run the check says fits ran, each it says does not fit
     ran out of memory ("may not fit" may do either)."""
     from benchmarks.estimate_calibration import _config, run_shape
-    from grpo_cli.recipe.memory import FIT_SHARE, MemoryPlan, in_parts
+    from grpo_cli.recipe.memory import MemoryPlan, fit_limit, in_parts
 
     card = replace(CARDS["H200"], memory_gib=24.0)
     seen = {}
@@ -121,7 +121,7 @@ def test_the_verdicts_on_a_24_gib_card_agree_with_the_runs_there():
             if entry.get("side") != "grpo" or entry["status"] not in ("done", "out of memory"):
                 continue
             run = run_shape(entry)
-            predicted, part_rows = in_parts(ModelShape.of(_config(entry["shape"])), run, card, 24 * GIB * FIT_SHARE)
+            predicted, part_rows = in_parts(ModelShape.of(_config(entry["shape"])), run, card, fit_limit(card))
             verdict = MemoryPlan(card, run, predicted, part_rows=part_rows).verdict
             seen[(entry["shape"], entry["length"], entry["config"])] = (verdict, entry["status"])
     assert len(seen) >= 4, seen

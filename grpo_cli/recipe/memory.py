@@ -37,7 +37,7 @@ class MemoryPlan:
 
     @property
     def limit(self) -> float:
-        return self.card.memory_gib * GIB * FIT_SHARE
+        return fit_limit(self.card)
 
     @property
     def verdict(self) -> str:
@@ -53,6 +53,11 @@ class MemoryPlan:
     @property
     def parts(self) -> int:
         return -(-self.shape.rollout_rows // self.part_rows) if self.part_rows else 1
+
+
+def fit_limit(card: Card) -> float:
+    """The bytes under which a predicted peak fits `card`."""
+    return card.memory_gib * GIB * FIT_SHARE
 
 
 def card_for(gpu: str | None, gpu_memory: float | None) -> Card | None:
@@ -182,7 +187,7 @@ def memory_plan(
     """The prediction on `card`, and where it does not fit, the first two changes that would."""
     shape = shape or model_shape(recipe)
     run = run_shape(recipe, processes, accelerate_config, shape)
-    limit = card.memory_gib * GIB * FIT_SHARE
+    limit = fit_limit(card)
     predicted, part_rows = in_parts(shape, run, card, limit)
     plan = MemoryPlan(card, run, predicted, part_rows=part_rows)
     if not plan.fits:
