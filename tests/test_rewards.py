@@ -211,7 +211,9 @@ def test_gsm8k_int(answer, score):
 
 def test_gsm8k_strict_format():
     assert one(gsm8k_strict_format, STRICT.format("12")) == 0.5  # multi-line reasoning is fine
-    assert one(gsm8k_strict_format, STRICT.format("12").rstrip("\n")) == 0.0  # final newline missing
+    # a chat model's turn ends with its end-of-text token right after </answer>: no final newline
+    assert one(gsm8k_strict_format, STRICT.format("12").rstrip("\n")) == 0.5
+    assert one(gsm8k_strict_format, STRICT.format("12") + "\n") == 0.0  # more than one final newline
     assert one(gsm8k_strict_format, STRICT.format("12") + "More text.\n") == 0.0  # trailing text
     assert one(gsm8k_strict_format, STRICT.format("12") + "<answer>\n12\n</answer>\n") == 0.0  # doubled tags
     assert one(gsm8k_strict_format, "<reasoning>x</reasoning><answer>12</answer>") == 0.0  # no newlines

@@ -1,7 +1,8 @@
 """GSM8K rewards: the popular GRPO recipe's five (correctness, integer, strict and soft format, XML count).
 
 Fixed from the original: the format patterns accept multi-line reasoning (the original regexes lacked DOTALL,
-so they almost never fired), numbers compare by value ("1,234" = "1234", "72.0" = "72"), digits are ASCII only,
+so they almost never fired; the strict one also wanted a newline after </answer>, which a chat model ending its
+turn does not write), numbers compare by value ("1,234" = "1234", "72.0" = "72"), digits are ASCII only,
 and the XML count penalises only text after </answer> (not the whole text when the final newline is
 missing) and bottoms out at -0.5.
 """
@@ -54,7 +55,7 @@ def gsm8k_int(prompts=None, completions=None, **kwargs) -> list[float]:
     task="gsm8k",
     low=0.0,
     high=0.5,
-    doc="0.5 if exactly '<reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>\\n', each tag once",
+    doc="0.5 if exactly '<reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>', each tag once (one final newline allowed)",
 )
 def gsm8k_strict_format(prompts=None, completions=None, **kwargs) -> list[float]:
     """0.5 when the text follows the strict reasoning/answer layout, else 0.0."""

@@ -42,14 +42,19 @@ def answer_of(text: str) -> str:
 
 
 def is_strict(text: str) -> bool:
-    """Exactly `<reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>\\n`, each tag once."""
+    """Exactly `<reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>`, each tag once, then at most one newline.
+
+    The original recipe required a final newline, which a chat model, ending its turn with its end-of-text token
+    right after `</answer>`, does not write: there the reward stays 0 and teaches nothing.
+    """
     if len(text) > MAX_TEXT_CHARS or any(text.count(tag) != 1 for tag in TAGS):
         return False
-    if not (text.startswith("<reasoning>\n") and text.endswith("\n</answer>\n")):
+    text = text.removesuffix("\n")
+    if not (text.startswith("<reasoning>\n") and text.endswith("\n</answer>")):
         return False
     middle = text.find("\n</reasoning>\n<answer>\n")
     return middle >= len("<reasoning>\n") and middle + len("\n</reasoning>\n<answer>\n") <= len(text) - len(
-        "\n</answer>\n"
+        "\n</answer>"
     )
 
 
