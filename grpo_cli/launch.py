@@ -347,11 +347,13 @@ def launch_warnings(recipe_values: dict, accelerate_config: dict | None) -> list
     warnings: list[str] = []
 
     checkpointing = v.get("gradient_checkpointing_kwargs")
-    reentrant = isinstance(checkpointing, dict) and checkpointing.get("use_reentrant") is True
-    if stage == 3 and v.get("use_peft") and v.get("gradient_checkpointing", True) and not reentrant:
+    reentrant = checkpointing.get("use_reentrant") if isinstance(checkpointing, dict) else None
+    # TRL 1.16 makes it reentrant itself (left out, the recipe is right everywhere: DDP takes the non-reentrant default)
+    if stage == 3 and v.get("use_peft") and v.get("gradient_checkpointing", True) and reentrant is False:
         warnings.append(
-            "use_peft with DeepSpeed ZeRO-3 and gradient_checkpointing needs reentrant checkpointing (TRL "
-            "1.16 forces it) - set `gradient_checkpointing_kwargs: {use_reentrant: true}` in the recipe"
+            "use_peft with DeepSpeed ZeRO-3 and gradient_checkpointing needs reentrant checkpointing, and TRL 1.16 "
+            "uses it whatever the recipe says - drop `use_reentrant: false` from `gradient_checkpointing_kwargs` "
+            "or set it to true"
         )
     # transformers asks DDP to look for unused parameters when the model is a PEFT model, and reentrant
     # checkpointing then fires each LoRA weight's hook twice: the first backward stops (seen with 2 processes).
@@ -360,7 +362,7 @@ def launch_warnings(recipe_values: dict, accelerate_config: dict | None) -> list
         ddp
         and v.get("use_peft")
         and v.get("gradient_checkpointing", True)
-        and reentrant
+        and reentrant is True
         and v.get("ddp_find_unused_parameters") is not False
     ):
         warnings.append(
