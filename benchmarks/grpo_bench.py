@@ -79,7 +79,7 @@ SHAPES = {  # Qwen2.5 shapes (config.json of the released models), random weight
 # `grpo rl` through grpo_cli.train.rl.run_rl, so they get the project's defaults unless a key here says otherwise.
 # `micro_batch` is not a recipe key: it is how many completions one forward/backward takes (the side's
 # per_device_train_batch_size); gradient_accumulation_steps follows, so every configuration does the same GRPO work.
-# "grpo" splits the step's completions as the countdown recipe does (8 completions of 1024 tokens): micro-batches
+# "grpo" splits the step's completions as the R1-Zero Countdown settings do (8 completions of 1024 tokens): micro-batches
 # of about 8192 completion tokens, at most 32 completions (`recipe_micro_batch`): the same GRPO work either way (TRL's
 # losses sum or average over the whole step).
 LORA16 = {"r": 16, "alpha": 32, "target_modules": "all-linear"}
@@ -134,7 +134,7 @@ def baseline_of(config: str) -> str:
 
 
 TRL_MICRO_BATCH = 8  # GRPOConfig's default per_device_train_batch_size
-MICRO_BATCH_TOKENS = 8192  # completion tokens per micro-batch in the countdown recipe (8 x 1024)
+MICRO_BATCH_TOKENS = 8192  # completion tokens per micro-batch with the R1-Zero Countdown settings (8 x 1024)
 MEMORY_EVENTS = 20_000_000  # allocations and frees `--memory` keeps; more, and the oldest are dropped
 
 # (shape, completion length, config, time cap in seconds, optimizer steps), most wanted first; configurations start

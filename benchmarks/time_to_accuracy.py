@@ -11,7 +11,7 @@ task, data, rewards and seed for the same time budget; `grpo eval` scores the ch
     # every checkpoint of both sides and the starting model in one `grpo eval`, then the runs' JSON:
     python3 benchmarks/time_to_accuracy.py eval --recipe demo/countdown-rl --model /tmp/sft --name SmolLM2-135M-Instruct \\
         --runs /tmp/tta/grpo /tmp/tta/trl --limit 200 --out results.json --set ...
-    # here: merge the runs' JSON files into one and draw accuracy against minutes, one panel per model
+    # here: merge the runs' JSON files into one and draw accuracy against minutes, one panel per model and task
     python3 benchmarks/time_to_accuracy.py plot --inputs a.json b.json --out benchmarks/results/h200-DATE/time-to-accuracy.json \\
         --png benchmarks/results/h200-DATE/time-to-accuracy.png
 
@@ -31,6 +31,7 @@ import json
 import math
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -261,7 +262,7 @@ def run_all(args) -> None:
 
 
 def plot(args) -> None:
-    """Merge the runs' JSON files and draw accuracy against minutes, one panel per model."""
+    """Merge the runs' JSON files and draw accuracy against minutes, one panel per model and task."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -269,11 +270,15 @@ def plot(args) -> None:
 
     runs = [run for path in args.inputs for run in json.loads(Path(path).read_text())["runs"]]
     Path(args.out).write_text(json.dumps({"runs": runs}, indent=1) + "\n")
-    models = list(dict.fromkeys(run["model"] for run in runs))
-    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.6), squeeze=False)
+    panels = list(dict.fromkeys((run["model"], run["task"]) for run in runs))
+    columns = min(len(panels), 2)
+    rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 3.8 * rows), squeeze=False)
     colours = {"trl": "tab:gray", "grpo": "tab:blue"}
-    for ax, model in zip(axes[0], models, strict=True):
-        mine = [r for r in runs if r["model"] == model]
+    for ax in axes.flat[len(panels) :]:
+        ax.set_visible(False)
+    for ax, (model, task) in zip(axes.flat, panels, strict=False):
+        mine = [r for r in runs if (r["model"], r["task"]) == (model, task)]
         for run in mine:
             xs = [p["minutes"] for p in run["curve"]]
             ys = [100 * p["accuracy"] for p in run["curve"]]
@@ -282,7 +287,7 @@ def plot(args) -> None:
             label = "plain TRL" if run["side"] == "trl" else "grpo rl"
             ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, color=colours[run["side"]],
                         label=f"{label} ({run['steps']} steps in {xs[-1]:g} min)")
-        ax.set_title(f"{model}\n{mine[0]['task']}", fontsize=10)
+        ax.set_title(f"{model}\n{textwrap.fill(task, 60)}", fontsize=9)
         ax.set_xlabel("training minutes (one H200)")
         ax.set_ylabel(f"held-out accuracy, greedy, {mine[0]['problems']} problems (%)", fontsize=9)
         ax.grid(alpha=0.3)

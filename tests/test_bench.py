@@ -8,8 +8,6 @@ from pathlib import Path
 import pytest
 from test_train import tiny_run_keys
 
-from grpo_cli.recipe import load_recipe
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -51,13 +49,10 @@ def test_benchmark_runs_baseline_and_grpo_side_by_side_on_cpu(tmp_path, demo_tok
         assert all(f"peak_{phase}_gib" in grpo["summary"] for phase in ("generate", "train", "other"))
 
 
-def test_grpo_config_splits_steps_as_the_countdown_recipe_does():
+def test_grpo_config_splits_steps_as_the_r1_zero_countdown_settings_do():
+    """About 8192 completion tokens a micro-batch (8 of 1024 tokens with the reproduction's overrides), 1 to 32."""
     from benchmarks.grpo_bench import recipe_micro_batch
 
-    recipe = load_recipe(str(ROOT / "recipes" / "countdown.yaml"), [], "rl")
-    values = recipe.values
-    length = values["max_completion_length"]
-    assert recipe_micro_batch(length) == values["per_device_train_batch_size"]
     assert [recipe_micro_batch(n) for n in (64, 256, 512, 2048, 8192, 20000)] == [32, 32, 16, 4, 1, 1]
 
 
