@@ -6,30 +6,25 @@ and plain numbers itself) and whose verdict is not remembered yet. When there ar
 a pool of worker processes compares them and the verdicts go into answers_match's memory, which the scoring then
 reads: scores are those of comparing one pair at a time.
 
-Workers are fresh interpreters (`python -c`, not multiprocessing) importing with this process's sys.path: they
-inherit nothing of the training process (CUDA, threads, its __main__ module) however it was started: plainly, by
-spawn or fork, or by `accelerate launch`.
-Each runs answers.warm_up before it says it is ready, and compares a pair in its main thread under the same time
-limits as in-process scoring (a second, longer try when the first runs out). A worker still busy
-`hang_seconds` after it got a pair is killed and that pair is undecided, as when both tries run out; a worker that
-dies on a pair makes it an error, raised where the pair is scored, so the reward guard gives that completion the
-failure value, as for any reward that raises. The pool starts on the main thread with the first batch that needs
-it, and the main process compares pairs itself until a worker is ready. GRPO_MATH_WORKERS sets the number
+Workers (worker.py) are fresh interpreters importing with this process's sys.path: they inherit nothing of the
+training process, and none outlives it. Pairs and verdicts travel as JSON: a worker parses model output, so its
+replies are read as data, never unpickled. Each runs answers.warm_up before it says it is ready, and compares a pair
+in its main thread under the same time limits as in-process scoring (a second, longer try when the first runs out).
+A worker still busy `hang_seconds` after it got a pair is killed and that pair is undecided, as when both tries run
+out; a worker that dies on a pair makes it an error, raised where the pair is scored, so the reward guard gives that
+completion the failure value, as for any reward that raises. The pool starts on the main thread with the first batch
+that needs it, and the main process compares pairs itself until a worker is ready. GRPO_MATH_WORKERS sets the number
 of workers (0: none); by default it is the CPU cores of this process shared among the ranks on this machine
 (LOCAL_WORLD_SIZE), at most MAX_WORKERS, and no pool below 2.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import json
 import logging
 import math
 import os
 import select
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -38,37 +33,24 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from grpo_cli.once import SayOnce
-from grpo_cli.rewards.isolated import die_with_parent
+from grpo_cli.rewards.worker import START_SECONDS, Worker, parent_channel
 from grpo_cli.tasks import answers
 from grpo_cli.tasks.answers import MAX_GOLD_CHARS, Outcome, Pair
 
 logger = logging.getLogger("grpo_cli.rewards")
 
 WORKERS_ENV = "GRPO_MATH_WORKERS"
-PARENT_ENV = "GRPO_MATH_PARENT"
 MIN_POOL_PAIRS = 16  # fewer new pairs than this are compared in-process: workers would cost more
 MAX_WORKERS = 32  # past this, more workers stopped paying off (docs/performance.md, "Reward scoring")
 HANG_SECONDS = 3.0  # at least; a pair takes at most answers.longest_comparison_seconds() in a healthy worker
-START_SECONDS = 120.0  # for a worker to import math-verify and say it is ready
 MAX_START_FAILURES = 3  # workers that die before they are ready; then this process compares answers itself
-_READ_BYTES = 1 << 16
-# The worker imports with this process's sys.path (its arguments), so it runs the same grpo_cli and math-verify.
-_WORKER_CODE = (
-    "import sys\nsys.path[:] = sys.argv[1:]\nfrom grpo_cli.rewards.math_pool import serve\nserve()\n"
-)
+REAP_SECONDS = 1.0  # to reap a killed worker: they are stopped mid-batch, and up to MAX_WORKERS at once
 
 _said = SayOnce()  # the process's messages about its comparisons: once per process
 
 
 def _warn_once(kind: str, message: str) -> None:
     _said.warning(logger, kind, message)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """Write all of `data` to a file descriptor."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 @dataclass
@@ -80,39 +62,15 @@ class _Task:
     sent: float
 
 
-class _Worker:
-    """A worker process, its pipes, bytes read but not yet split into lines, and the pair it is comparing."""
+class _Worker(Worker):
+    """A math-verify worker, and the pair it is comparing."""
 
-    def __init__(self, proc: subprocess.Popen, now: float):
-        self.proc = proc
-        self.to_fd = proc.stdin.fileno()
-        self.from_fd = proc.stdout.fileno()
-        self.buffer = b""
+    def __init__(self):
+        super().__init__(serve, env={WORKERS_ENV: "0"}, reap_seconds=REAP_SECONDS)
         self.ready = False
-        self.started = now
+        self.started = time.monotonic()
         self.task: _Task | None = None
         self.gold: str | None = None  # of the last pair sent: the worker has it parsed
-
-    def stop(self) -> None:
-        """Kill the process, reap it and close the pipes."""
-        with contextlib.suppress(OSError):
-            self.proc.kill()
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            self.proc.wait(timeout=1.0)
-        self.release()
-
-    def release(self) -> None:
-        """Close this process's ends of the pipes, leaving the worker alone."""
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            with contextlib.suppress(OSError):
-                pipe.close()
-
-
-def _worker_environment() -> dict[str, str]:
-    env = dict(os.environ)
-    env[WORKERS_ENV] = "0"
-    env[PARENT_ENV] = str(os.getpid())
-    return env
 
 
 class MathPool:
@@ -143,18 +101,11 @@ class MathPool:
     def _spawn(self) -> None:
         """Start one worker (it says it is ready once math-verify is loaded)."""
         try:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", _WORKER_CODE, *(str(path) for path in sys.path)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                env=_worker_environment(),
-                bufsize=0,
-                close_fds=True,
-            )
+            worker = _Worker()
         except OSError as err:
             self._start_failed(f"could not start a math-verify worker: {err}")
             return
-        self.workers.append(_Worker(proc, time.monotonic()))
+        self.workers.append(worker)
 
     def _fill(self) -> None:
         """Start workers up to `size`."""
@@ -202,14 +153,6 @@ class MathPool:
         workers, self.workers = self.workers, []
         for worker in workers:
             worker.stop()
-
-    def abandon(self) -> None:
-        """In a forked child: let go of the parent's workers without touching them."""
-        workers, self.workers = self.workers, []
-        for worker in workers:
-            worker.release()
-            worker.proc.returncode = 0  # not this process's child: never wait for it
-        self.disabled = True
 
     # ----------------------------------------------------------------------------------------- comparing
 
@@ -275,15 +218,15 @@ class MathPool:
     def _send(self, worker: _Worker, key: Pair) -> None:
         self._ident += 1
         guess, gold = key
-        line = json.dumps([self._ident, guess, gold[:MAX_GOLD_CHARS]]).encode() + b"\n"
+        message = json.dumps([self._ident, guess, gold[:MAX_GOLD_CHARS]]).encode()
         try:
-            _write_all(worker.to_fd, line)
+            worker.channel.send(message)
         except OSError:
             self._queue(key, first=True)
             self._lost(worker, "closed its input")
             return
         except BaseException:
-            self._drop(worker)  # part of a line may have gone out: that worker can't be trusted
+            self._drop(worker)  # part of a message may have gone out: that worker can't be trusted
             raise
         worker.task = _Task(self._ident, key, time.monotonic())
         worker.gold = gold
@@ -297,7 +240,7 @@ class MathPool:
 
     def _poll(self, seconds: float) -> None:
         """Read whatever the workers have written within `seconds`."""
-        by_fd = {w.from_fd: w for w in self.workers}
+        by_fd = {w.channel.from_fd: w for w in self.workers}
         if not by_fd:
             return
         poller = select.poll()
@@ -310,22 +253,20 @@ class MathPool:
 
     def _read(self, worker: _Worker) -> None:
         try:
-            chunk = os.read(worker.from_fd, _READ_BYTES)
-        except OSError:
-            chunk = b""
-        if not chunk:
+            messages = worker.channel.read()
+        except (OSError, EOFError):
             code = worker.proc.poll()
             self._lost(worker, "exited" if code is None else f"exited with code {code}")
             return
-        worker.buffer += chunk
-        while b"\n" in worker.buffer and worker in self.workers:
-            line, worker.buffer = worker.buffer.split(b"\n", 1)
-            self._handle(worker, line)
+        for message in messages:
+            if worker not in self.workers:
+                return
+            self._handle(worker, message)
 
-    def _handle(self, worker: _Worker, line: bytes) -> None:
+    def _handle(self, worker: _Worker, payload: bytes) -> None:
         """Act on one reply: `["ready"]`, `[ident, verdict]` (null: undecided) or `[ident, null, error]`."""
         try:
-            message = json.loads(line)
+            message = json.loads(payload)
         except ValueError:
             message = None
         if message == ["ready"]:
@@ -425,10 +366,10 @@ def _forget_in_child() -> None:
     global _shared
     pool, _shared = _shared, None
     if pool is not None:
-        pool.abandon()
+        pool.disabled = True
+        pool.close()  # in the child, stopping a worker only lets go of it
 
 
-atexit.register(close_shared_pool)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_in_child)
 
@@ -456,19 +397,15 @@ def match_many(pairs: Iterable[tuple[str, str]]) -> None:
 
 
 def serve() -> None:
-    """A worker's loop: a `[ident, guess, gold]` JSON line in, `[ident, verdict]` (null: undecided) or
-    `[ident, null, error]` out.
+    """A worker's loop: `[ident, guess, gold]` in, `[ident, verdict]` (null: undecided) or `[ident, null, error]` out.
 
-    It ends when its input closes. Anything else written to stdout goes to stderr instead of into the replies.
+    It ends when its input closes.
     """
-    replies = os.dup(1)
-    os.dup2(2, 1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    die_with_parent(PARENT_ENV)
+    channel = parent_channel()
     answers.warm_up()  # before saying ready: the first timed comparisons don't pay SymPy's first-use costs
-    _write_all(replies, b'["ready"]\n')
-    for line in sys.stdin.buffer:
-        ident, guess, gold = json.loads(line)
+    channel.send(b'["ready"]')
+    for request in channel.incoming():
+        ident, guess, gold = json.loads(request)
         outcome = answers.symbolic_outcome(guess, gold)
         reply = [ident, None, outcome] if isinstance(outcome, str) else [ident, outcome]
-        _write_all(replies, json.dumps(reply).encode() + b"\n")
+        channel.send(json.dumps(reply).encode())
