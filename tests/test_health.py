@@ -280,7 +280,7 @@ def test_a_rollout_drawn_from_nan_probabilities_is_a_skipped_step(tmp_path, tiny
     trainer = tiny_grpo_trainer(tmp_path, [lambda completions, **kw: [float(len(c)) for c in completions]])
     trainer.rollout_func = StaticCacheRollout()
     guard = StepGuard(patience=0, output_dir=tmp_path)
-    guard.trainer = trainer
+    guard.bind(trainer)
     trainer.step_guard = guard
     trainer.add_callback(guard)
     with torch.no_grad():

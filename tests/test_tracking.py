@@ -106,7 +106,7 @@ def test_tiny_grpo_run_logged_offline(tiny_grpo_trainer, tmp_path, monkeypatch, 
     tracker = swanlab_callback(tracking, str(output_dir), None, recipe)
     run_console = RunConsole(tracking)
     for callback in (run_console, tracker):
-        callback.trainer = trainer
+        callback.bind(trainer)
         trainer.add_callback(callback)
     remove_default_printers(trainer)
     trainer.train()

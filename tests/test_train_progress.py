@@ -341,7 +341,7 @@ def test_tiny_grpo_run_prints_progress_metrics_and_samples(tiny_grpo_trainer, tm
         tmp_path / "out", [format_reward, length_reward], prompt="What is 2 + 2? [b]", beta=0.04  # beta: KL is logged
     )
     run_console = RunConsole(TrackingArguments(sample_every=1, sample_count=2))
-    run_console.trainer = trainer
+    run_console.bind(trainer)
     trainer.add_callback(run_console)
     remove_default_printers(trainer)
     assert not [

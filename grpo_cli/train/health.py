@@ -32,10 +32,16 @@ class NonFiniteStop(RunStopped):
 
 
 class GuardedSteps(BeforeClipping):
-    """Mixin for a transformers Trainer: each micro-batch's loss, and the step's gradients before they are clipped,
-    go to the run's `StepGuard` (set `step_guard`)."""
+    """Mixin for a transformers Trainer built with the run's `step_guard` (None: none): each micro-batch's loss, and
+    the step's gradients before they are clipped, go to it. Built, the trainer hands itself to the callbacks that
+    read it (those with a `bind` method: the guard, the run's console, the tracker)."""
 
-    step_guard: StepGuard | None = None
+    def __init__(self, *args, step_guard: StepGuard | None = None, **kwargs):
+        self.step_guard = step_guard
+        super().__init__(*args, **kwargs)
+        for callback in self.callback_handler.callbacks:
+            if callable(getattr(callback, "bind", None)):
+                callback.bind(self)
 
     def training_step(self, *args, **kwargs):
         loss = super().training_step(*args, **kwargs)
@@ -90,14 +96,14 @@ def gradients_text(gradients: dict) -> str:
 class StepGuard(TrainerCallback):
     """Skips every optimizer step with a non-finite value and stops the run after `patience` of them in a row.
 
-    `trainer` must be set once the trainer exists (its accelerator reduces the verdict over processes).
+    The trainer binds itself (`bind`) once built: its accelerator reduces the verdict over processes.
     """
 
     def __init__(self, patience: int, output_dir: str | Path, advice: list[str] | None = None):
         self.patience = patience
         self.output_dir = Path(output_dir)
         self.advice = advice or []
-        self.trainer = None
+        self.trainer = None  # the trainer, once it binds itself
         self.skipped: list[BadStep] = []
         self.in_a_row = 0
         self.stopped: str | None = None
@@ -109,6 +115,9 @@ class StepGuard(TrainerCallback):
         self._applied = False  # the bad step's update could not be skipped (DeepSpeed steps inside the backward)
 
     # ------------------------------------------------------------------------------------------ during the step
+
+    def bind(self, trainer) -> None:
+        self.trainer = trainer
 
     def note(self, what: str, source: str | None = None) -> None:
         """Something of the step under way (`STAGES`) was non-finite on this process; `source` names where (a

@@ -242,7 +242,8 @@ class _RunConsole:
     one metrics line per log, every `sample_every` steps `sample_count` GRPO completions with their rewards, and each
     finding of `grpo_cli.diagnosis` once, when it first holds.
 
-    Set `.trainer` after building the trainer to get samples. Only the main process prints.
+    Sample completions come from the trainer's latest batch once it binds itself (`bind`). Only the main process
+    prints.
     """
 
     def __init__(
@@ -261,7 +262,7 @@ class _RunConsole:
         self.live = (self.console.is_terminal and not self.console.is_dumb_terminal) if live is None else live
         self.sample_count = tracking.sample_count
         self.samples = SampleSchedule(tracking.sample_every)
-        self.trainer = None  # set after the trainer is built: sample completions come from its latest batch
+        self.trainer = None  # the trainer, once it binds itself
         self.progress: Progress | None = None
         self._task = None
         self._max_steps = 0
@@ -275,6 +276,9 @@ class _RunConsole:
         self._runtime: float | None = None
         self.findings = FindingWatch(dict(values or {}))
         self.guard = guard
+
+    def bind(self, trainer) -> None:
+        self.trainer = trainer
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:

@@ -248,6 +248,7 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
                 sampling=recipe.sampling,
                 accuracy_column=(names.index(chosen[0]), chosen[1]) if chosen else None,
                 rollouts_path=rollouts_path,
+                step_guard=run.guard,
             )
         if recipe.memory.activation_offloading:
             LayerInputOffload(trainer.model)  # lives in the hooks it puts on the model

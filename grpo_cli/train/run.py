@@ -145,18 +145,12 @@ class TrainingRun:
 
     def train(self, trainer) -> Path:
         """Train (resuming when there is a checkpoint), save the final model with its tokenizer, return its folder."""
-        for callback in trainer.callback_handler.callbacks:
-            if hasattr(callback, "trainer"):  # the console and the tracker show sample completions from the trainer
-                callback.trainer = trainer
         remove_default_printers(trainer)
         accelerator = trainer.accelerator
         stall = StallWatch(self.output_dir, self.recipe.health.stall_timeout, accelerator.process_index,
                            accelerator.num_processes)
         trainer.add_callback(stall)
         self.stop.before_quit.append(stall.remove_if_empty)  # a second Ctrl-C quits without the cleanup below
-        if self.guard is not None:
-            self.guard.trainer = trainer
-            trainer.step_guard = self.guard  # each micro-batch's loss
         self.stop.install()
         try:
             result = trainer.train(resume_from_checkpoint=str(self.checkpoint) if self.checkpoint else None)

@@ -29,5 +29,6 @@ def run_sft(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Pat
             processing_class=run.tokenizer,
             peft_config=run.peft_config(),
             callbacks=run.callbacks(),
+            step_guard=run.guard,
         )
         return run.train(trainer)

@@ -44,7 +44,7 @@ def swanlab_callback(
     FindingWatch, whose findings it logs as text.
 
     Raises UserError (cloud without API key, local without dashboard) before training starts, so that
-    swanlab never prompts. Set `.trainer` on the callback to also log sample completions.
+    swanlab never prompts. Once the trainer binds itself (`bind`), it also logs sample completions.
     """
     if not tracking.swanlab or tracking.swanlab_mode == "disabled":
         return None
@@ -94,11 +94,14 @@ def _callback_class() -> type:
             self.recipe = dict(recipe)
             self.samples = SampleSchedule(sample_every)
             self.sample_count = sample_count
-            self.trainer = None
+            self.trainer = None  # the trainer, once it binds itself
             self.findings = findings
             self._findings_logged = 0
             self.logdir = kwargs["log_dir"]
             self.mode = kwargs["mode"]
+
+        def bind(self, trainer) -> None:
+            self.trainer = trainer
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             super().on_train_begin(args, state, control, model=model, **kwargs)
