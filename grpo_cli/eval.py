@@ -307,11 +307,11 @@ def out_of_memory_problem(model: str, batch_size: int, num_generations: int, max
 def rollout_model(model):
     """The model grpo's static-cache sampler can run (LoRA layers in place), or None: not on one CUDA device (the
     sampler's CUDA graphs), or of an architecture the sampler does not cover."""
-    from grpo_cli.engine import unsupported_reason, without_peft_wrapper
+    from grpo_cli.engine import cannot_serve, without_peft_wrapper
 
     core = without_peft_wrapper(model)
     devices = {p.device for p in core.parameters()}
-    if len(devices) != 1 or next(iter(devices)).type != "cuda" or unsupported_reason(core):
+    if len(devices) != 1 or next(iter(devices)).type != "cuda" or cannot_serve(core):
         return None
     return core
 

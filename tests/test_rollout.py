@@ -60,7 +60,7 @@ def test_rollout_log_probs_match_the_models_own_forward(kind, monkeypatch):
 
     monkeypatch.setattr(rollout, "KV_STRETCH", 8)  # several cache stretches within 30 tokens
     model = tiny_model(kind)
-    assert rollout.unsupported_reason(model) is None
+    assert rollout.cannot_serve(model) is None
     weight, bias, sizes = rollout._stacked_qkv(model.model.layers[0].self_attn)  # one matrix product for q, k, v
     assert sizes == [64, 32, 32] and weight.shape == (128, 64) and (bias is None) == (kind == "llama")
     completions, logprobs = rollout.sample_completions(
@@ -286,15 +286,15 @@ def test_rollout_memory_estimate_covers_the_cache_it_allocates():
 
 
 def test_models_the_rollout_does_not_cover_are_named():
-    from grpo_cli.engine.rollout import unsupported_reason
+    from grpo_cli.engine.rollout import cannot_serve
 
-    assert "sliding-window" in unsupported_reason(
+    assert "sliding-window" in cannot_serve(
         tiny_model("qwen2", use_sliding_window=True, sliding_window=16)
     )
     from transformers import GPT2Config, GPT2LMHeadModel
 
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50))
-    assert "gpt2" in unsupported_reason(gpt2)
+    assert "gpt2" in cannot_serve(gpt2)
 
 
 def test_grpo_sampler_is_the_gpu_default_and_trl_turns_it_off(tmp_path):

@@ -9,19 +9,19 @@ the recipe or the trainer.
 from grpo_cli.engine.rollout import (
     NonFiniteProbabilities,
     Sampling,
+    cannot_serve,
     distinct_rows,
     is_nonfinite_sampling,
     sample_completions,
-    unsupported_reason,
     without_peft_wrapper,
 )
 
 __all__ = [
     "NonFiniteProbabilities",
     "Sampling",
+    "cannot_serve",
     "distinct_rows",
     "is_nonfinite_sampling",
     "sample_completions",
-    "unsupported_reason",
     "without_peft_wrapper",
 ]

@@ -57,8 +57,10 @@ class Sampling:
     greedy: bool = False
 
 
-def unsupported_reason(model) -> str | None:
-    """Why `model` cannot use this rollout path (None when it can)."""
+def cannot_serve(model) -> str | None:
+    """Why grpo's sampler cannot run `model` (None: it can), the one answer training and `grpo eval` ask; a PEFT
+    model is served as its base with the LoRA layers in place."""
+    model = without_peft_wrapper(model)
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:

@@ -21,9 +21,9 @@ import math
 from grpo_cli.engine import (
     NonFiniteProbabilities,
     Sampling,
+    cannot_serve,
     distinct_rows,
     sample_completions,
-    unsupported_reason,
     without_peft_wrapper,
 )
 from grpo_cli.engine.rollout import free_gpu_bytes, gathered_bytes, row_bytes
@@ -51,7 +51,7 @@ def trainer_fallback_reason(trainer) -> str | None:
         return reason
     if trainer.tools or getattr(trainer, "environment_factories", None) or is_vision_language(trainer):
         return "tools, environments and images need TRL's generation loop"
-    return unsupported_reason(without_peft_wrapper(trainer.accelerator.unwrap_model(trainer.model)))
+    return cannot_serve(trainer.accelerator.unwrap_model(trainer.model))
 
 
 def _tokenize_distinct(prompts: list, trainer):
@@ -190,7 +190,7 @@ def static_rollout(args, rollout_engine: str, model) -> StaticCacheRollout | Non
     sampler does not cover, said once)."""
     if rollout_engine != "grpo" or args.use_vllm:
         return None
-    reason = unsupported_reason(without_peft_wrapper(model))
+    reason = cannot_serve(model)
     if reason:
         logger.info("rollouts through TRL's generation: %s", reason)
         return None
