@@ -130,10 +130,17 @@ def summarize(
 
 
 def score_completions(
-    task, reward_funcs: list, rows: list[dict], completions: list[str], lengths: list[int] | None = None
+    task,
+    reward_funcs: list,
+    rows: list[dict],
+    completions: list[str],
+    lengths: list[int] | None = None,
+    reward_timeout: float | None = None,
 ) -> list[dict]:
     """Rewards, format and correctness of completions[i] for rows[i] (each row holds its "prompt" messages);
-    `lengths`: their token counts, for rewards that read them (`completion_lengths`)."""
+    `lengths`: their token counts, for rewards that read them (`completion_lengths`). Correct: the task's accuracy
+    reward at its top (`grpo_cli.rewards.scoring.correct`), scored here when the recipe leaves it out."""
+    from grpo_cli.rewards.scoring import correct
     from grpo_cli.tasks import as_chats, completion_text
 
     prompts = [row["prompt"] for row in rows]
@@ -145,12 +152,13 @@ def score_completions(
     for func in reward_funcs:
         values = func(prompts=prompts, completions=chats, **columns)
         rewards[func.__name__] = [None if v is None or math.isnan(v) else float(v) for v in values]
+    right = correct(task.name, prompts, chats, columns, scored=rewards, timeout=reward_timeout) if rows else []
     scored = []
     for i, (row, chat) in enumerate(zip(rows, chats)):
         text = completion_text(row["prompt"], chat)
         scored.append(
             {
-                "correct": bool(task.is_correct(text, row)),
+                "correct": right[i],
                 "formatted": bool(task.is_formatted(text)),
                 "rewards": {name: values[i] for name, values in rewards.items()},
             }
@@ -497,7 +505,12 @@ def evaluate_model(
     flat_rows = [rows[i] for i, group in zip(kept, groups) for _ in group]
     flat = [completion for group in groups for completion in group]
     scored = score_completions(
-        task, reward_funcs, flat_rows, [text for text, _ in flat], [length for _, length in flat]
+        task,
+        reward_funcs,
+        flat_rows,
+        [text for text, _ in flat],
+        [length for _, length in flat],
+        recipe.reward.reward_timeout,
     )
     samples = []
     position = 0

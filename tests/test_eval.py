@@ -94,6 +94,10 @@ def test_score_completions_with_the_task_and_its_rewards():
         {"countdown_format": 1.0, "countdown_equation": 0.0},
         {"countdown_format": 0.0, "countdown_equation": 1.0},
     ]
+    # a recipe without the accuracy reward: correct is still the task's accuracy reward at its top, scored apart
+    without = score_completions(task, funcs[:1], [row] * 3, completions)
+    assert [s["correct"] for s in without] == [True, False, True]
+    assert [s["rewards"] for s in without] == [{"countdown_format": v} for v in (1.0, 1.0, 0.0)]
 
 
 def test_eval_scores_length_rewards_from_the_completions_token_counts():

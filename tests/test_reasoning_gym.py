@@ -17,6 +17,8 @@ from typer.testing import CliRunner
 
 pytest.importorskip("reasoning_gym")
 
+from test_tasks import is_correct
+
 from grpo_cli.arguments import TaskArguments
 from grpo_cli.cli import app
 from grpo_cli.errors import UserError
@@ -91,7 +93,7 @@ def test_rows_round_trip_through_jsonl_and_still_score(name, tmp_path):
         assert {key: row[key] for key in before} == before
         if row["answer"] is not None:
             assert score(row["answer"], row) == 1.0
-            assert get_task("reasoning_gym").is_correct(f"{PREFILL} ok</think>\n<answer>{row['answer']}</answer>", row)
+            assert is_correct(get_task("reasoning_gym"), f"{PREFILL} ok</think>\n<answer>{row['answer']}</answer>", row)
     with pytest.raises(UserError, match="already exists"):
         write_generated(str(path), name, 3, seed=5)
 
@@ -195,8 +197,8 @@ def test_gsm8k_generates_gsm_symbolic_rows_with_their_worked_solutions():
     assert all(row["answer"].count("####") == 1 for row in rows)
     for row in rows:  # the worked solution is a cold start's completion; the rewards' verdicts agree with the gold
         completion = task.sft_completion(row)
-        assert completion is not None and task.is_correct(completion, row) and task.is_formatted(completion)
-        assert not task.is_correct(task.malformed_completions(row)[0], row)
+        assert completion is not None and is_correct(task, completion, row) and task.is_formatted(completion)
+        assert not is_correct(task, task.malformed_completions(row)[0], row)
     assert [r["question"] for r in rows] == [r["question"] for r in load_task_dataset(TaskArguments(**keys), "train")]
 
 

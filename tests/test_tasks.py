@@ -28,6 +28,13 @@ from grpo_cli.tasks.gsm8k import gold_answer
 DATA = Path(__file__).parent / "data"
 
 
+def is_correct(task, text: str, row: dict) -> bool:
+    """Correct as `grpo eval`, the solved groups and `grpo report` judge it: the task's accuracy reward at its top."""
+    from grpo_cli.rewards.scoring import correct
+
+    return correct(task.name, None, [text], {key: [value] for key, value in row.items() if key != "prompt"})[0]
+
+
 def args(task: str, **keys) -> TaskArguments:
     return TaskArguments(task=task, **keys)
 
@@ -119,10 +126,10 @@ def test_reference_completions_are_formatted_and_correct_and_malformed_ones_are_
     task = get_task(task_name)
     row = task.normalize(row)
     text = task.default_prefill + task.reference_completion(row)
-    assert task.is_formatted(text) and task.is_correct(text, row), text
+    assert task.is_formatted(text) and is_correct(task, text, row), text
     for malformed in task.malformed_completions(row):
         text = task.default_prefill + malformed
-        assert not (task.is_formatted(text) and task.is_correct(text, row)), malformed
+        assert not (task.is_formatted(text) and is_correct(task, text, row)), malformed
 
 
 def test_countdown_sft_reasoning_shows_the_steps():

@@ -1,5 +1,5 @@
-"""Scoring without a model: `grpo rewards score` (a JSONL of completions) and `grpo rewards test` (the recipe's
-rewards on its own rows' reference answers and on malformed ones)."""
+"""Scoring without a model: `grpo rewards score` (a JSONL of completions), `grpo rewards test` (the recipe's
+rewards on its own rows' reference answers and on malformed ones), and what "correct" means (`correct`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from grpo_cli.arguments import TaskArguments
 from grpo_cli.atomic import check_writable, refuse_to_replace, write_jsonl
 from grpo_cli.errors import UserError
 from grpo_cli.rewards.guard import RewardGuard, build_reward_funcs
-from grpo_cli.rewards.registry import REWARDS
+from grpo_cli.rewards.registry import REWARDS, accuracy_reward
 from grpo_cli.tasks.task import Task, as_chats, for_prefill, get_task
 
 BATCH_SIZE = 64
@@ -56,6 +56,30 @@ def reward_setup(
             "give one weight per reward"
         )
     return RewardSetup(task, task_args, names, weights, timeout, base_dir, dict(params or {}))
+
+
+def correct(
+    task_name: str,
+    prompts: list | None,
+    completions: list,
+    columns: dict,
+    scored: dict[str, list] | None = None,
+    timeout: float | None = None,
+) -> list[bool]:
+    """Whether each completion is correct: it reaches the top score of its task's accuracy reward (the first of the
+    task's `accuracy_rewards` among those `scored`, else the first the registry has). The one definition of correct:
+    training's solved groups and `grpo report` read the same reward. `scored`: values already computed, by reward
+    name (None: not scored); `columns`: the dataset's columns, as TRL passes them to rewards."""
+    scored = scored or {}
+    chosen = accuracy_reward(task_name, scored) or accuracy_reward(task_name, REWARDS)
+    if chosen is None:
+        raise UserError(f"task {task_name} has no accuracy reward, so no definition of a correct answer")
+    name, top = chosen
+    values = scored.get(name)
+    if values is None:
+        [func] = build_reward_funcs([name], timeout)
+        values = func(prompts=prompts, completions=completions, **columns)
+    return [value is not None and not math.isnan(value) and value >= top - 1e-9 for value in values]
 
 
 def weighted_total(values: list[float | None], weights: list[float]) -> float | None:

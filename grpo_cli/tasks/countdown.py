@@ -231,10 +231,6 @@ class CountdownTask(Task):
     def is_formatted(self, text: str) -> bool:
         return is_formatted(text)
 
-    def is_correct(self, text: str, row: dict) -> bool:
-        answer = answer_of(text)
-        return answer is not None and check_equation(answer, list(row["nums"]), int(row["target"])) is None
-
     generate_keys = ("dataset_generate_numbers",)
 
     def generate(self, args: TaskArguments) -> list[dict] | None:

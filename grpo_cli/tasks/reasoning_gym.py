@@ -209,11 +209,6 @@ def completion_score(text: str, row: dict) -> float:
     return score(None if answer is None else answer.strip(), row)
 
 
-def is_correct(text: str, row: dict) -> bool:
-    """Whether the completion's last <answer> gets reasoning-gym's full marks."""
-    return completion_score(text, row) >= FULL_MARKS
-
-
 # --- generation --------------------------------------------------------------------------------------------------
 
 
@@ -432,9 +427,6 @@ class ReasoningGymTask(Task):
     def is_formatted(self, text: str) -> bool:
         return is_formatted(text)
 
-    def is_correct(self, text: str, row: dict) -> bool:
-        return is_correct(text, row)
-
 
 def _parsed(text: str) -> Any:
     try:
@@ -453,7 +445,6 @@ __all__ = [
     "generate_rows",
     "generated_answers",
     "generated_items",
-    "is_correct",
     "library",
     "name_problem",
     "score",

@@ -139,15 +139,11 @@ class Task:
         """Completions a correct reward set must score below the reference one."""
         return []
 
-    # Checks on text = prefill + completion.
+    # The format check, on text = prefill + completion (correct: the accuracy reward, grpo_cli/rewards/scoring.py).
 
     def is_formatted(self, text: str) -> bool:
         """Whether the text follows the task's strict format."""
         raise UserError(f"task {self.name} has no format check")
-
-    def is_correct(self, text: str, row: dict) -> bool:
-        """Whether the text's final answer is correct for the row."""
-        raise UserError(f"task {self.name} has no correctness check")
 
     # Generated data (dataset_generate).
 
