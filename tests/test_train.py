@@ -113,7 +113,7 @@ def test_grpo_lora_trains_logs_rewards_and_saves_adapter(tmp_path, tiny_model_di
 def test_a_group_is_solved_when_every_completion_reaches_the_top():
     import torch
 
-    from grpo_cli.train.rl import solved_groups
+    from grpo_cli.train.batch_hooks import solved_groups
 
     nan = float("nan")  # a reward that did not apply to a completion
     scores = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, nan, 1.0, 1.0, 0.5, 0.5, 0.5, 0.5])

@@ -6,15 +6,14 @@ Read top to bottom: check, load tokenizer, data and model, build the trainer, tr
 from __future__ import annotations
 
 import json
-import math
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from trl import GRPOTrainer
 
 from grpo_cli.arguments import SamplingArguments
-from grpo_cli.atomic import json_text
 from grpo_cli.console import console
 from grpo_cli.engine import is_nonfinite_sampling
 from grpo_cli.engine.offload import LayerInputOffload
@@ -23,6 +22,7 @@ from grpo_cli.once import SayOnce
 from grpo_cli.recipe import Recipe, reward_funcs, reward_names
 from grpo_cli.rewards import accuracy_reward
 from grpo_cli.tasks import as_chats
+from grpo_cli.train.batch_hooks import GuardedScores, RolloutsFile, SolvedGroups
 from grpo_cli.train.dynamic_sampling import FreshPrompts, choose, flat_groups, is_short, merge, prompt_key
 from grpo_cli.train.health import GuardedSteps, NonFiniteStop
 from grpo_cli.train.memory_fixes import explains_out_of_memory
@@ -39,30 +39,27 @@ from grpo_cli.trl_private import (
 
 
 class RLTrainer(GuardedSteps, BatchSteps, GRPOTrainer):
-    """GRPOTrainer that checks each scored batch for non-finite numbers (the run's `StepGuard`), appends every
-    scored rollout (prompt, completion, rewards, advantage) to a JSONL file, and with `sampling.dynamic_sampling`
-    trains only on groups whose completions got different rewards (`grpo_cli.train.dynamic_sampling`). It takes over
-    TRL's steps of a generation batch through `BatchSteps` (grpo_cli/trl_private.py), under names of our own."""
+    """GRPOTrainer that hands each scored training batch to its `after_scoring` hooks
+    (`grpo_cli.train.batch_hooks`: solved groups, the step guard's checks, the rollouts file), stops the run when a
+    rollout's probabilities are not finite, and with `sampling.dynamic_sampling` trains only on groups whose
+    completions got different rewards (`grpo_cli.train.dynamic_sampling`). It takes over TRL's steps of a generation
+    batch through `BatchSteps` (grpo_cli/trl_private.py), under names of our own."""
 
-    _last_rewards = None  # the latest scored batch's rewards, gathered from every process
+    last_rewards = None  # the latest scored batch's rewards, gathered from every process: a column per reward
 
     def __init__(
         self,
         *args,
         sampling: SamplingArguments | None = None,
-        accuracy_column: tuple[int, float] | None = None,
-        rollouts_path: Path | None = None,
+        after_scoring: list[Callable] | None = None,
         **kwargs,
     ):
-        """GRPOTrainer's arguments, and: `sampling`, the recipe's dynamic sampling keys; `accuracy_column`, the
-        scored batch's column of the reward for correct answers and its top score, where the task has one (each
-        scored batch then logs `frac_groups_solved`, the share of its groups whose completions all reach that top);
-        `rollouts_path`, the JSONL file every scored rollout is appended to (None: none written)."""
+        """GRPOTrainer's arguments (and GuardedSteps' `step_guard`), and: `sampling`, the recipe's dynamic sampling
+        keys; `after_scoring`, what to do with each scored training batch, in order (`grpo_cli.train.batch_hooks`)."""
         # set first: GRPOTrainer's constructor may already call into the methods that read them
         self.said = SayOnce()
         self.sampling = sampling
-        self.accuracy_column = accuracy_column
-        self.rollouts_path = rollouts_path
+        self.after_scoring = list(after_scoring or [])
         super().__init__(*args, **kwargs)
 
     def generate_and_score(self, inputs):
@@ -73,11 +70,11 @@ class RLTrainer(GuardedSteps, BatchSteps, GRPOTrainer):
 
     def calculate_rewards(self, *args, **kwargs):
         rewards = super().calculate_rewards(*args, **kwargs)
-        self._last_rewards = rewards
+        self.last_rewards = rewards
         return rewards
 
     def _flat_groups(self) -> list[bool]:
-        return flat_groups(self._last_rewards, self.reward_weights, self.num_generations, self.multi_objective_aggregation)
+        return flat_groups(self.last_rewards, self.reward_weights, self.num_generations, self.multi_objective_aggregation)
 
     def _sample_dynamically(self, inputs: list[dict], output: dict) -> dict:
         """Drop the flat groups of a scored generation batch and refill it from fresh prompts' groups."""
@@ -146,7 +143,7 @@ class RLTrainer(GuardedSteps, BatchSteps, GRPOTrainer):
         return self._fresh_rows
 
     def _score(self, inputs):
-        """The parent's generation and scoring of `inputs`, with the guard's check and the rollouts file."""
+        """The parent's generation and scoring of `inputs`, then (training) the `after_scoring` hooks."""
         before = len(logs_of(self)["advantages"])
         try:
             output = super().generate_and_score(inputs)
@@ -160,51 +157,10 @@ class RLTrainer(GuardedSteps, BatchSteps, GRPOTrainer):
                 "from this step"
             ) from None
         count = len(logs_of(self)["advantages"]) - before or len(logs_of(self)["advantages"])
-        if self.model.training and self.accuracy_column is not None and self._last_rewards is not None:
-            column, top = self.accuracy_column
-            solved = solved_groups(self._last_rewards[:, column], top, self.num_generations)
-            metrics_of(self)["frac_groups_solved"].append(sum(solved) / len(solved))
-        if self.model.training and self.step_guard is not None:
-            self._check_scores(output["advantages"], count)
-        if self.rollouts_path is not None and self.accelerator.is_main_process and self.model.training:
-            self._write_rollouts(count)
+        if self.model.training:
+            for hook in self.after_scoring:
+                hook(self, output, count)
         return output
-
-    def _check_scores(self, advantages, count: int) -> None:
-        """Tell the guard about infinite rewards (NaN is a reward that did not apply) and non-finite advantages."""
-        import torch
-
-        logs = logs_of(self)
-        start = len(logs["advantages"]) - count
-        for name, values in logs["rewards"].items():
-            if any(math.isinf(v) for v in list(values)[start:]):
-                self.step_guard.note("rewards", name)
-        if not bool(torch.isfinite(advantages).all()):
-            self.step_guard.note("advantages")
-
-    def _write_rollouts(self, count: int) -> None:
-        logs = logs_of(self)  # the latest generation batch, gathered from every process
-        start = len(logs["advantages"]) - count
-        rewards = {name: list(values)[start:] for name, values in logs["rewards"].items()}
-        with open(self.rollouts_path, "a", encoding="utf-8") as out:
-            for i, (prompt, completion, advantage) in enumerate(
-                zip(list(logs["prompt"])[start:], list(logs["completion"])[start:], list(logs["advantages"])[start:])
-            ):
-                row = {
-                    "step": self.state.global_step,
-                    "prompt": prompt,
-                    "completion": completion,
-                    # NaN (a reward that did not apply) is written as null
-                    "rewards": {name: float(values[i]) for name, values in rewards.items()},
-                    "advantage": float(advantage),
-                }
-                out.write(json_text(row) + "\n")
-
-
-def solved_groups(scores, top: float, num_generations: int) -> list[bool]:
-    """For each group of a gathered batch's scores of one reward: whether every completion reached `top` (a reward
-    that did not apply, NaN, does not)."""
-    return (scores.view(-1, num_generations) >= top - 1e-9).all(dim=1).tolist()
 
 
 def conversational(reward_func):
@@ -225,10 +181,12 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
         rewards = [conversational(f) for f in reward_funcs(recipe)]
         names = reward_names(recipe)
         chosen = accuracy_reward(recipe.task.task, names)
-        rollouts_path = None
+        after_scoring = [SolvedGroups(names.index(chosen[0]), chosen[1])] if chosen else []
+        after_scoring += [GuardedScores(run.guard)] if run.guard else []
         if run.main:  # one process writes the rollouts; a resumed run does the steps after its checkpoint again
-            rollouts_path = Path(run.args.output_dir) / "rollouts.jsonl"
-            keep_rollouts_before(rollouts_path, int(run.checkpoint.name.rpartition("-")[2]) if run.checkpoint else 0)
+            rollouts = Path(run.args.output_dir) / "rollouts.jsonl"
+            keep_rollouts_before(rollouts, int(run.checkpoint.name.rpartition("-")[2]) if run.checkpoint else 0)
+            after_scoring.append(RolloutsFile(rollouts))
         model = run.load_model()
         with warnings.catch_warnings():
             # The rollout function is grpo's own, not an experiment of the user's: TRL's warning about it is noise.
@@ -246,8 +204,7 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
                 callbacks=run.callbacks(),
                 rollout_func=static_rollout(run.args, recipe.rollout.rollout_engine, model),  # None: TRL's own generation
                 sampling=recipe.sampling,
-                accuracy_column=(names.index(chosen[0]), chosen[1]) if chosen else None,
-                rollouts_path=rollouts_path,
+                after_scoring=after_scoring,
                 step_guard=run.guard,
             )
         if recipe.memory.activation_offloading:
