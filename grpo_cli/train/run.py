@@ -13,7 +13,7 @@ from grpo_cli.console import console, escape
 from grpo_cli.engine.attention import cudnn_attention
 from grpo_cli.engine.lm_head import lean_lm_head
 from grpo_cli.errors import UserError
-from grpo_cli.launch import is_main_process
+from grpo_cli.launch import accelerate_config_from_env, is_main_process, process_rank, world_size
 from grpo_cli.models import gpu_problems, load_model, load_tokenizer, render_prompt
 from grpo_cli.quiet import quiet_libraries
 from grpo_cli.recipe import Recipe
@@ -79,6 +79,8 @@ class TrainingRun:
             trust_remote_code=bool(getattr(self.args, "trust_remote_code", False)),
         )
         self.stop = GracefulStop()
+        self.stall = StallWatch(self.output_dir, recipe.health.stall_timeout, process_rank(), world_size())
+        self.stop.before_quit.append(self.stall.remove_if_empty)  # a second Ctrl-C quits without the cleanup
         health = recipe.health
         self.switches.enter_context(cudnn_attention(health.cudnn_attention))
         if recipe.command == "rl" and recipe.memory.lean_lm_head:
@@ -88,8 +90,6 @@ class TrainingRun:
             advice = stability_advice(recipe.resolved())
             self.guard = StepGuard(health.nonfinite_patience, self.output_dir, advice)
         self.console = RunConsole(recipe.tracking, values=recipe.resolved(), guard=self.guard)
-        from grpo_cli.launch import accelerate_config_from_env, world_size
-
         # `grpo check`'s prediction of the peak memory and step time, compared with the run's after its first steps
         self.prediction = predicted(recipe, world_size(), accelerate_config_from_env())
         if self.main:
@@ -128,7 +128,7 @@ class TrainingRun:
         tracker = swanlab_callback(
             self.recipe.tracking, str(self.output_dir), name, self.recipe.values, findings=self.console.findings
         )
-        return callbacks + ([tracker] if tracker else [])
+        return callbacks + ([tracker] if tracker else []) + [self.stall]
 
     def __enter__(self) -> Self:
         return self
@@ -146,11 +146,6 @@ class TrainingRun:
     def train(self, trainer) -> Path:
         """Train (resuming when there is a checkpoint), save the final model with its tokenizer, return its folder."""
         remove_default_printers(trainer)
-        accelerator = trainer.accelerator
-        stall = StallWatch(self.output_dir, self.recipe.health.stall_timeout, accelerator.process_index,
-                           accelerator.num_processes)
-        trainer.add_callback(stall)
-        self.stop.before_quit.append(stall.remove_if_empty)  # a second Ctrl-C quits without the cleanup below
         self.stop.install()
         try:
             result = trainer.train(resume_from_checkpoint=str(self.checkpoint) if self.checkpoint else None)
@@ -171,7 +166,7 @@ class TrainingRun:
             raise
         finally:
             self.stop.uninstall()
-            stall.close()
+            self.stall.close()
         if self.guard is not None and self.guard.stopped:
             self._write_summary(trainer, None)
             self._report(trainer)
