@@ -13,9 +13,14 @@ same number of rounds (each round's generation and scoring hold collective opera
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from grpo_cli.arguments import SamplingArguments
+from grpo_cli.console import console
 from grpo_cli.errors import UserError
+from grpo_cli.once import SayOnce
+from grpo_cli.trl_private import logs_of, metrics_of, prepared_micro_batches, text_tokenizer, training_columns
 
 # How each tensor of a scored batch is padded when groups of several batches are put together.
 LEFT_PADDED = {"prompt_ids": None, "prompt_mask": 0}  # None: the tokenizer's pad token
@@ -167,3 +172,90 @@ def _fit(part, width: int, value, left: bool):
     if have >= width:
         return part[:, have - width :] if left else part[:, :width]
     return F.pad(part, (width - have, 0) if left else (0, width - have), value=value)
+
+
+def _flat_groups(trainer) -> list[bool]:
+    """`flat_groups` of the trainer's latest scored batch."""
+    return flat_groups(
+        trainer.last_rewards, trainer.reward_weights, trainer.num_generations, trainer.multi_objective_aggregation
+    )
+
+
+class DynamicSampler:
+    """The rounds of the module's docstring for a GRPO trainer (grpo_cli.train.rl.RLTrainer), which calls it with
+    each scored training batch; `sampling`: the recipe's dynamic sampling keys."""
+
+    def __init__(self, sampling: SamplingArguments):
+        self.max_rounds = sampling.dynamic_sampling_max_rounds
+        self.said = SayOnce()
+        self._fresh_rows = None  # the training set as the dataloader reads it, once drawn from
+
+    def __call__(self, trainer, inputs: list[dict], output: dict, score: Callable[[list[dict]], dict]) -> dict:
+        """Drop the flat groups of the trainer's scored generation batch `output` (of `inputs`) and refill it from
+        fresh prompts' groups, each round generated and scored by `score`."""
+        n = trainer.num_generations
+        processes, process = trainer.accelerator.num_processes, trainer.accelerator.process_index
+        if len(inputs) % n:
+            raise UserError(
+                f"`dynamic_sampling` keeps or drops whole groups on each process, and this process holds "
+                f"{len(inputs)} completions, not a multiple of `num_generations` ({n}) - make "
+                "per_device_train_batch_size x gradient_accumulation_steps a multiple of it"
+            )
+        groups = len(inputs) // n
+        batches, flat = [output], [_flat_groups(trainer)]
+        metrics = metrics_of(trainer)
+        if not any(flat[0]):
+            metrics["dynamic_sampling/dropped_share"].append(0.0)
+            metrics["dynamic_sampling/rounds"].append(0.0)
+            metrics["dynamic_sampling/filled_share"].append(0.0)
+            return output
+        fresh = None
+        while len(batches) <= self.max_rounds and is_short(flat, processes, groups):
+            if fresh is None:
+                # seeded by the generation batch's place in the run, so a resumed run draws the same prompts
+                step = [trainer.args.seed, trainer.state.global_step,
+                        prepared_micro_batches(trainer) % trainer.args.gradient_accumulation_steps]
+                # this batch's prompts, from every process
+                seen = {prompt_key(prompt) for prompt in logs_of(trainer)["prompt"]}
+                fresh = FreshPrompts(self._fresh_dataset(trainer), step, seen)
+            drawn = fresh.take(groups * processes)[process * groups : (process + 1) * groups]
+            batches.append(score([dict(row) for row in drawn for _ in range(n)]))
+            flat.append(_flat_groups(trainer))
+        choice = choose(flat, process, groups)
+        per_sequence = frozenset()
+        if str(getattr(trainer, "vllm_importance_sampling_mode", "")).startswith("sequence"):
+            per_sequence = frozenset({"importance_sampling_ratio"})
+        pad = text_tokenizer(trainer).pad_token_id
+        merged = merge(batches, choice.picks, n, pad, trainer.pad_to_multiple_of, per_sequence)
+        loss_mask = merged["completion_mask"] * merged["tool_mask"] if "tool_mask" in merged else merged["completion_mask"]
+        merged["num_items_in_batch"] = trainer.accelerator.gather(loss_mask.sum()).sum()
+        rounds = len(batches) - 1
+        filled = sum(choose(flat, p, groups).filled for p in range(processes))
+        metrics["dynamic_sampling/dropped_share"].append(sum(map(sum, flat)) / (len(flat) * groups * processes))
+        metrics["dynamic_sampling/rounds"].append(float(rounds))
+        metrics["dynamic_sampling/filled_share"].append(filled / (groups * processes))
+        if filled and trainer.accelerator.is_main_process and self.said.first("short-after-dynamic-sampling"):
+            console.print(
+                f"[yellow]dynamic sampling: after {rounds} extra generation round{'s' * (rounds != 1)}, {filled} of "
+                f"{groups * processes} groups of the batch at step {trainer.state.global_step + 1} still gave all "
+                "their completions the same reward; dropped groups fill the batch (they add no gradient) - raise "
+                "`dynamic_sampling_max_rounds`, or train on prompts nearer the model's level (said once; "
+                "`dynamic_sampling/filled_share` in the logs counts them)[/]",
+                soft_wrap=True,
+            )
+        return merged
+
+    def _fresh_dataset(self, trainer):
+        """The training set as the train dataloader reads it, for drawing fresh prompts by index."""
+        import datasets
+
+        if self._fresh_rows is not None:
+            return self._fresh_rows
+        if not isinstance(trainer.train_dataset, datasets.Dataset):
+            raise UserError(
+                "`dynamic_sampling` draws fresh prompts by index, and this training set is a streaming dataset - "
+                "load it as a regular dataset, or set `dynamic_sampling: false`"
+            )
+        self._fresh_rows = training_columns(trainer, trainer.train_dataset, "training")
+        return self._fresh_rows
+
