@@ -1,8 +1,6 @@
 """What a person sees during `grpo rl` / `grpo sft`: one progress bar, one metrics line per log, sample completions.
 
-Importing this module is light (no torch, no transformers; the libraries' own noise is grpo_cli/quiet.py's).
-`RunConsole` subclasses transformers' `TrainerCallback`, so it is built on first use (see `__getattr__` at the
-bottom).
+The libraries' own noise is grpo_cli/quiet.py's.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any
 
 from rich.console import Console, Group
@@ -28,6 +25,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.text import Text
+from transformers import TrainerCallback
 
 from grpo_cli.arguments import TrackingArguments
 from grpo_cli.console import console as shared_console
@@ -237,7 +235,7 @@ class SampleSchedule:
         return True
 
 
-class _RunConsole:
+class RunConsole(TrainerCallback):
     """Console of a training run: a progress bar with ETA (a plain line per log when stderr is not a terminal),
     one metrics line per log, every `sample_every` steps `sample_count` GRPO completions with their rewards, and each
     finding of `grpo_cli.diagnosis` once, when it first holds.
@@ -390,21 +388,3 @@ class _RunConsole:
             self.progress.stop()
             self.progress = None
             atexit.unregister(self.close)
-
-
-@cache
-def _run_console_class() -> type:
-    from transformers import TrainerCallback
-
-    class RunConsole(_RunConsole, TrainerCallback):
-        __doc__ = _RunConsole.__doc__
-
-    RunConsole.__module__ = __name__
-    return RunConsole
-
-
-def __getattr__(name: str):
-    # RunConsole subclasses transformers.TrainerCallback, which imports torch: build it only when asked for.
-    if name == "RunConsole":
-        return _run_console_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
