@@ -135,13 +135,15 @@ def score_completions(
     rows: list[dict],
     completions: list[str],
     lengths: list[int] | None = None,
-    reward_timeout: float | None = None,
+    correctness=None,
 ) -> list[dict]:
     """Rewards, format and correctness of completions[i] for rows[i] (each row holds its "prompt" messages);
-    `lengths`: their token counts, for rewards that read them (`completion_lengths`). Correct: the task's accuracy
-    reward at its top (`grpo_cli.rewards.scoring.correct`), scored here when the recipe leaves it out."""
-    from grpo_cli.rewards.scoring import correct
+    `lengths`: their token counts, for rewards that read them (`completion_lengths`); `correctness`: what a correct
+    answer is (`grpo_cli.rewards.scoring.Correctness`; None: the task's, for these rewards)."""
+    from grpo_cli.rewards.scoring import Correctness
     from grpo_cli.tasks import as_chats, completion_text
+
+    correctness = correctness or Correctness.of(task.name, [f.__name__ for f in reward_funcs])
 
     prompts = [row["prompt"] for row in rows]
     chats = as_chats(completions)
@@ -152,7 +154,7 @@ def score_completions(
     for func in reward_funcs:
         values = func(prompts=prompts, completions=chats, **columns)
         rewards[func.__name__] = [None if v is None or math.isnan(v) else float(v) for v in values]
-    right = correct(task.name, prompts, chats, columns, scored=rewards, timeout=reward_timeout) if rows else []
+    right = correctness.judge(prompts, chats, columns, rewards) if rows else []
     scored = []
     for i, (row, chat) in enumerate(zip(rows, chats)):
         text = completion_text(row["prompt"], chat)
@@ -467,7 +469,7 @@ def _generate_vllm(
 
 
 def evaluate_model(
-    spec, recipe, rows, task, reward_funcs, settings, progress=None
+    spec, recipe, rows, task, reward_funcs, correctness, settings, progress=None
 ) -> tuple[dict, list[dict]]:
     """Generate and score one model on the rows; returns (its summary, its samples)."""
     from grpo_cli.models import gpu_problems, load_config, render_prompt
@@ -510,7 +512,7 @@ def evaluate_model(
         flat_rows,
         [text for text, _ in flat],
         [length for _, length in flat],
-        recipe.reward.reward_timeout,
+        correctness,
     )
     samples = []
     position = 0
@@ -555,6 +557,7 @@ def run_eval(
     from grpo_cli.console import console
     from grpo_cli.recipe import load_recipe, reward_funcs
     from grpo_cli.recipe.hardware import detect_hardware, rollout_engine
+    from grpo_cli.rewards.scoring import Correctness
     from grpo_cli.tasks import get_task, load_task_dataset
 
     problems = []
@@ -605,12 +608,13 @@ def run_eval(
     data = load_task_dataset(recipe.task, settings.split, seed=settings.seed)
     rows = [data[i] for i in range(min(len(data), limit or len(data)))]
     rewards = reward_funcs(recipe)
+    correctness = Correctness.of(task.name, [f.__name__ for f in rewards], recipe.reward.reward_timeout)
 
     summaries, all_samples = [], []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         for spec in specs:
-            summary, samples = evaluate_model(spec, recipe, rows, task, rewards, settings, progress)
+            summary, samples = evaluate_model(spec, recipe, rows, task, rewards, correctness, settings, progress)
             summaries.append(summary)
             all_samples.extend(samples)
 

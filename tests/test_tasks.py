@@ -30,9 +30,10 @@ DATA = Path(__file__).parent / "data"
 
 def is_correct(task, text: str, row: dict) -> bool:
     """Correct as `grpo eval`, the solved groups and `grpo report` judge it: the task's accuracy reward at its top."""
-    from grpo_cli.rewards.scoring import correct
+    from grpo_cli.rewards.scoring import Correctness
 
-    return correct(task.name, None, [text], {key: [value] for key, value in row.items() if key != "prompt"})[0]
+    columns = {key: [value] for key, value in row.items() if key != "prompt"}
+    return Correctness.of(task.name, []).judge(None, [text], columns, {})[0]
 
 
 def args(task: str, **keys) -> TaskArguments:

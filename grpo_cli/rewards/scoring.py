@@ -58,28 +58,34 @@ def reward_setup(
     return RewardSetup(task, task_args, names, weights, timeout, base_dir, dict(params or {}))
 
 
-def correct(
-    task_name: str,
-    prompts: list | None,
-    completions: list,
-    columns: dict,
-    scored: dict[str, list] | None = None,
-    timeout: float | None = None,
-) -> list[bool]:
-    """Whether each completion is correct: it reaches the top score of its task's accuracy reward (the first of the
-    task's `accuracy_rewards` among those `scored`, else the first the registry has). The one definition of correct:
-    training's solved groups and `grpo report` read the same reward. `scored`: values already computed, by reward
-    name (None: not scored); `columns`: the dataset's columns, as TRL passes them to rewards."""
-    scored = scored or {}
-    chosen = accuracy_reward(task_name, scored) or accuracy_reward(task_name, REWARDS)
-    if chosen is None:
-        raise UserError(f"task {task_name} has no accuracy reward, so no definition of a correct answer")
-    name, top = chosen
-    values = scored.get(name)
-    if values is None:
-        [func] = build_reward_funcs([name], timeout)
-        values = func(prompts=prompts, completions=completions, **columns)
-    return [value is not None and not math.isnan(value) and value >= top - 1e-9 for value in values]
+@dataclass(frozen=True)
+class Correctness:
+    """What a correct answer is: the top score of the task's accuracy reward `name` (`top`). The one definition:
+    training's solved groups and `grpo report` read the same reward. `func` scores it where the run's own rewards
+    leave it out (None: their values are read)."""
+
+    name: str
+    top: float
+    func: RewardGuard | None = None
+
+    @classmethod
+    def of(cls, task_name: str, rewards: list[str], timeout: float | None = None) -> Correctness:
+        """For the run's `rewards` (names): the first of the task's `accuracy_rewards` among them, else the first
+        the registry has, built once here."""
+        chosen = accuracy_reward(task_name, rewards) or accuracy_reward(task_name, REWARDS)
+        if chosen is None:
+            raise UserError(f"task {task_name} has no accuracy reward, so no definition of a correct answer")
+        name, top = chosen
+        return cls(name, top, None if name in rewards else build_reward_funcs([name], timeout)[0])
+
+    def judge(self, prompts: list | None, completions: list, columns: dict, scored: dict[str, list]) -> list[bool]:
+        """Whether each completion is correct; `scored`: the run's reward values by name (None: not scored),
+        `columns`: the dataset's columns, as TRL passes them to rewards."""
+        if self.func is None:
+            values = scored[self.name]
+        else:
+            values = self.func(prompts=prompts, completions=completions, **columns)
+        return [value is not None and not math.isnan(value) and value >= self.top - 1e-9 for value in values]
 
 
 def weighted_total(values: list[float | None], weights: list[float]) -> float | None:
