@@ -3,15 +3,19 @@ run of them stops with exit code 2 and leaves its last checkpoint resumable, and
 
 from __future__ import annotations
 
+import ctypes
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from test_train import recipe_file, state, train
 
 from grpo_cli.errors import UserError
+from grpo_cli.train.stall import FROZEN_AFTER_CHECKS, StallWatch
 
 pytestmark = pytest.mark.slow
 
@@ -311,13 +315,27 @@ def test_a_step_that_does_not_end_leaves_every_threads_stack(tmp_path, tiny_mode
     path.write_text(path.read_text().replace(mine, slow))
     out = train(path, "rl", ["--max_steps", "1"])
     stacks = (out / "stall-stacks.txt").read_text()
-    assert "most recent call first" in stacks and "Timeout (0:00:01)" in stacks
-    assert "grpo_cli/rewards/isolated.py" in stacks  # waiting for the reward's process to answer
+    assert "no step has ended for 1 s since step 0; every thread's stack, most recent call last" in stacks
+    main_thread = stacks.split("(MainThread):\n", 1)[1].split("\nThread 0x", 1)[0]
+    assert "grpo_cli/rewards/isolated.py" in main_thread  # waiting for the reward's process to answer
     assert f"every thread's stack is in {out / 'stall-stacks.txt'}" in capsys.readouterr().err.replace("\n", "")
     assert json.loads((out / "train_summary.json").read_text())["global_step"] == 1
 
     quick = train(recipe_file(tmp_path / "quick", tiny_model_dir, "rl", "beta: 0.0\n"), "rl", ["--max_steps", "1"])
     assert not (quick / "stall-stacks.txt").exists()
+
+
+def test_a_thread_holding_the_interpreter_still_leaves_its_stack(tmp_path, capsys):
+    """A C call that keeps the interpreter's lock (no Python thread runs, the watch's included): faulthandler writes
+    the stacks once the watch has missed its checks, and the watch says so when it runs again."""
+    watch = StallWatch(tmp_path, seconds=1)
+    watch.on_train_begin(None, SimpleNamespace(global_step=7), None)
+    ctypes.PyDLL(None).sleep(FROZEN_AFTER_CHECKS + 2)  # PyDLL: the call keeps the interpreter's lock
+    time.sleep(1.5)  # the watch runs again
+    watch.close()
+    stacks = (tmp_path / "stall-stacks.txt").read_text()
+    assert stacks.startswith("Timeout (") and "test_a_thread_holding_the_interpreter" in stacks, stacks
+    assert "no step has ended for 1 s since step 7" in capsys.readouterr().err.replace("\n", "")
 
 
 @pytest.mark.gpu

@@ -1,17 +1,24 @@
 """A run that stops making progress says where it is stuck.
 
 When no optimizer step ends for `stall_timeout` seconds, every thread's Python stack goes to
-`OUTPUT_DIR/stall-stacks.txt` (one file per process under several), again each time that much more time passes.
-faulthandler's own C thread writes them, so they come whatever the stuck thread holds (the interpreter's lock
-included); a small Python thread then says on the console where they are, when it can run. The run itself goes on
-waiting: a stall may end (a slow disk, a busy shared GPU), and Ctrl-C, SIGTERM or a kill still stop it as before.
+`OUTPUT_DIR/stall-stacks.txt` (one file per process under several) and the console says where it is, again each time
+that much more time passes. The run itself goes on waiting: a stall may end (a slow disk, a busy shared GPU), and
+Ctrl-C, SIGTERM or a kill still stop it as before.
+
+A Python thread writes the stacks, holding the interpreter's lock, so no other thread changes its frames while they
+are read. faulthandler's C thread, which reads them without that lock (and can crash the process when another thread
+starts or ends meanwhile), is only the last resort: it writes them when this thread itself could not run for a while,
+which happens when a stuck thread holds the interpreter's lock and so no other thread runs Python either.
 """
 
 from __future__ import annotations
 
 import contextlib
 import faulthandler
+import sys
 import threading
+import time
+import traceback
 from pathlib import Path
 
 from rich.markup import escape
@@ -20,6 +27,7 @@ from transformers import TrainerCallback
 from grpo_cli.console import console
 
 CHECK_EVERY_S = 10.0
+FROZEN_AFTER_CHECKS = 3  # the watch missed this many checks in a row: the interpreter is held, faulthandler writes
 
 
 def stacks_file(output_dir: str | Path, rank: int, processes: int) -> Path:
@@ -33,30 +41,31 @@ class StallWatch(TrainerCallback):
     def __init__(self, output_dir: str | Path, seconds: float, rank: int = 0, processes: int = 1):
         self.path = stacks_file(output_dir, rank, processes)
         self.seconds = seconds
+        self._check = min(CHECK_EVERY_S, seconds) if seconds else CHECK_EVERY_S
         self._out = None
+        self._thread: threading.Thread | None = None
         self._said = 0  # bytes of the file already announced
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._step = 0
-
-    def _arm(self) -> None:
-        faulthandler.cancel_dump_traceback_later()
-        faulthandler.dump_traceback_later(self.seconds, repeat=True, file=self._out)
+        self._due = 0.0  # time.monotonic() at which the stacks are written unless a step ends first
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not self.seconds or self._out is not None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._out = open(self.path, "a")  # noqa: SIM115 - faulthandler writes into it until the run ends
+        self._out = open(self.path, "a")  # noqa: SIM115 - written into until the run ends
         self._said = self.path.stat().st_size
         self._step = state.global_step
-        self._arm()
-        threading.Thread(target=self._announce, name="grpo-stall-watch", daemon=True).start()
+        self._due = time.monotonic() + self.seconds
+        self._thread = threading.Thread(target=self._watch, name="grpo-stall-watch", daemon=True)
+        self._thread.start()
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._out is not None:
-            self._step = state.global_step
-            self._arm()
+            with self._lock:
+                self._step = state.global_step
+                self._due = time.monotonic() + self.seconds
 
     def on_train_end(self, args, state, control, **kwargs):
         self.close()
@@ -65,9 +74,10 @@ class StallWatch(TrainerCallback):
         """Stop watching; remove the file when nothing was written to it."""
         if self._out is None:
             return
-        faulthandler.cancel_dump_traceback_later()
         self._done.set()
-        self._say_if_written()  # a stall shorter than the thread's check is said too
+        self._thread.join()
+        faulthandler.cancel_dump_traceback_later()
+        self._say_if_written()  # what the last resort wrote just before the end is said too
         self._out.close()
         self._out = None
         self.remove_if_empty()
@@ -78,22 +88,52 @@ class StallWatch(TrainerCallback):
             if self.path.stat().st_size == 0:
                 self.path.unlink()
 
-    def _announce(self) -> None:
-        while not self._done.wait(min(CHECK_EVERY_S, self.seconds)):
+    def _watch(self) -> None:
+        while True:
+            # The last resort fires when this thread misses its next checks, never before the stacks are due.
+            frozen_after = max(self._due - time.monotonic(), FROZEN_AFTER_CHECKS * self._check)
+            faulthandler.dump_traceback_later(frozen_after, file=self._out)
+            if self._done.wait(self._check):
+                return
+            with self._lock:
+                now = time.monotonic()
+                if self._size() > self._said:  # the last resort wrote them while this thread could not run
+                    self._due = now + self.seconds
+                elif now >= self._due:
+                    self._write_stacks()
+                    self._due = now + self.seconds
             self._say_if_written()
+
+    def _write_stacks(self) -> None:
+        names = {thread.ident: thread.name for thread in threading.enumerate()}
+        here = threading.get_ident()
+        header = (f"{time.strftime('%Y-%m-%d %H:%M:%S')}: no step has ended for {self._waited()} since step "
+                  f"{self._step}; every thread's stack, most recent call last:\n")
+        parts = [header]
+        for ident, frame in sys._current_frames().items():
+            if ident != here:
+                parts.append(f"\nThread {ident:#x} ({names.get(ident, 'not started from Python')}):\n")
+                parts.extend(traceback.format_stack(frame))
+        self._out.write("".join(parts) + "\n")
+        self._out.flush()
+
+    def _size(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except OSError:
+            return 0
+
+    def _waited(self) -> str:
+        return f"{self.seconds:g} s" if self.seconds < 120 else f"{self.seconds / 60:g} minutes"
 
     def _say_if_written(self) -> None:
         with self._lock:
-            try:
-                size = self.path.stat().st_size
-            except OSError:
-                return
+            size = self._size()
             if size > self._said:
                 self._said = size
-                waited = f"{self.seconds:g} s" if self.seconds < 120 else f"{self.seconds / 60:g} minutes"
                 console.print(
-                    f"[yellow]no step has ended for {waited} since step {self._step}: every thread's stack is in "
-                    f"{escape(str(self.path))} - the run goes on waiting; Ctrl-C saves a checkpoint once the step "
+                    f"[yellow]no step has ended for {self._waited()} since step {self._step}: every thread's stack is "
+                    f"in {escape(str(self.path))} - the run goes on waiting; Ctrl-C saves a checkpoint once the step "
                     "ends, a kill leaves the last checkpoint to resume from[/]",
                     soft_wrap=True,
                 )
