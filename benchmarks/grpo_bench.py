@@ -179,7 +179,6 @@ def _install_timers(record: dict, out: Path, steps: int, profile: str = "", memo
     from transformers.trainer_callback import CallbackHandler
     from trl import GRPOTrainer
 
-    from grpo_cli.engine import rollout
     from grpo_cli.train import rollout_func
 
     cuda = torch.cuda.is_available()
@@ -239,8 +238,9 @@ def _install_timers(record: dict, out: Path, steps: int, profile: str = "", memo
                 reason = rollout_func.trainer_fallback_reason(self)
                 record["rollout"] = f"trl generate ({reason})" if reason else "grpo static cache"
         if record.get("rollout") == "grpo static cache":
-            record["rollout_graphs"] = torch.cuda.is_available() and not rollout._GRAPHS_BROKEN
-            record["rollout_graphs_problem"] = rollout._GRAPHS_BROKEN[:1]
+            problem = self.rollout_func.sampler.graphs_problem
+            record["rollout_graphs"] = torch.cuda.is_available() and problem is None
+            record["rollout_graphs_problem"] = [problem] if problem else []
         return output
 
     def timed_rewards(self, *args, **kwargs):

@@ -45,6 +45,7 @@ def run_arm(arm: str, seed: int, args, model_dir: Path, tokenizer, data) -> list
     """Mean reward of each step of one GRPO run of the model saved in `model_dir`."""
     from trl import GRPOConfig, GRPOTrainer
 
+    from grpo_cli.engine import Sampler
     from grpo_cli.train.rollout_func import StaticCacheRollout
 
     config = GRPOConfig(
@@ -71,7 +72,7 @@ def run_arm(arm: str, seed: int, args, model_dir: Path, tokenizer, data) -> list
         args=config,
         train_dataset=data,
         processing_class=tokenizer,
-        rollout_func=StaticCacheRollout() if arm == "grpo" else None,
+        rollout_func=StaticCacheRollout(Sampler()) if arm == "grpo" else None,
     )
     trainer.train()
     return [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]

@@ -1,4 +1,4 @@
-"""Time grpo's rollout alone (`grpo_cli.engine.rollout.sample_completions`) on one GPU, with variants of its decode
+"""Time grpo's rollout alone (`grpo_cli.engine.Sampler`) on one GPU, with variants of its decode
 step, to find where a decode step's time goes. The GRPO benchmark (`grpo_bench.py`) times whole optimizer steps;
 this times only the sampling, so small changes to it stand out.
 
@@ -126,12 +126,16 @@ def main() -> None:
 
     from grpo_cli.engine import rollout
 
-    if args.variant.startswith("sdpa"):
-        rollout.FLASH_DECODE = False
+    # The engine's own options; the other variants swap one of its functions for the alternative timed.
+    sampler = rollout.Sampler(
+        rollout.EngineOptions(
+            cuda_graphs=args.variant != "eager",
+            flash_decode=not args.variant.startswith("sdpa"),
+            shared_prefill=args.variant != "prefill-every-row",
+        )
+    )
     if args.variant == "multinomial":
         rollout._draw = lambda probs: torch.multinomial(probs, 1).squeeze(-1)
-    if args.variant == "prefill-every-row":
-        rollout.SHARED_PREFILL = False
     if args.variant == "logsoftmax-sampling":
         rollout._token_probs = lambda logits, sampling: torch.log_softmax(logits.float(), dim=-1).exp()
     if args.variant == "unstacked":
@@ -154,14 +158,7 @@ def main() -> None:
         torch.cuda.synchronize()
         start = time.perf_counter()
         with attention_backend(args.variant):
-            rollout.sample_completions(
-                model,
-                prompts,
-                args.new_tokens,
-                eos_token_ids=[151643],
-                pad_token_id=151643,
-                cuda_graphs=args.variant != "eager",
-            )
+            sampler.sample(model, prompts, args.new_tokens, eos_token_ids=[151643], pad_token_id=151643)
         torch.cuda.synchronize()
         return time.perf_counter() - start
 
@@ -184,8 +181,9 @@ def main() -> None:
         "median_s": median,
         "ms_per_decode_step": 1000 * median / args.new_tokens,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
-        "graph_problems": list(rollout._GRAPHS_BROKEN),
-        "flash_decode": rollout._flash_decode_available(
+        "graph_problems": [sampler.graphs_problem] if sampler.graphs_problem else [],
+        "flash_decode": sampler.options.flash_decode
+        and rollout._flash_decode_available(
             model.device, model.dtype, model.config.hidden_size // model.config.num_attention_heads
         ),
     }

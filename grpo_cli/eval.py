@@ -273,13 +273,13 @@ def _generate_transformers(
     eos = list(dict.fromkeys(e for e in eos + [tokenizer.eos_token_id] if e is not None))
     set_seed(settings.seed)
     # grpo's sampler has no repetition penalty: a recipe that sets one samples with generate, as in training.
-    sampler = rollout_model(model) if settings.grpo_sampler and settings.repetition_penalty == 1.0 else None
+    served = rollout_model(model) if settings.grpo_sampler and settings.repetition_penalty == 1.0 else None
     per_call = settings.batch_size or (
-        STATIC_BATCH_PROMPTS if sampler is not None else GENERATE_BATCH_PROMPTS
+        STATIC_BATCH_PROMPTS if served is not None else GENERATE_BATCH_PROMPTS
     )
     try:
-        if sampler is not None:
-            results = _sample_static(sampler, tokenizer, prompt_ids, settings, per_call, eos, advance)
+        if served is not None:
+            results = _sample_static(served, tokenizer, prompt_ids, settings, per_call, eos, advance)
         else:
             results = _generate_batches(
                 model, config, tokenizer, prompt_ids, settings, per_call, eos, advance
@@ -296,7 +296,7 @@ def _generate_transformers(
         raise UserError(problem) from None
     finally:
         del model
-    return results, (STATIC_ENGINE if sampler is not None else "transformers generate")
+    return results, (STATIC_ENGINE if served is not None else "transformers generate")
 
 
 def out_of_memory_problem(model: str, batch_size: int, num_generations: int, max_new_tokens: int, err) -> str:
@@ -330,9 +330,9 @@ def _sample_static(
     model, tokenizer, prompt_ids, settings, per_call, eos, advance
 ) -> list[list[tuple[str, int]]]:
     """K completions per prompt from grpo's static-cache sampler, `per_call` prompts at a time."""
-    from grpo_cli.engine import Sampling, sample_completions
+    from grpo_cli.engine import Sampler, Sampling
 
-    sampling = Sampling(greedy=True)
+    sampler, sampling = Sampler(), Sampling(greedy=True)
     if not settings.greedy:
         sampling = Sampling(settings.temperature, settings.top_k, settings.top_p, settings.min_p)
     k = settings.num_generations
@@ -342,9 +342,7 @@ def _sample_static(
         # Each prompt's K samples side by side, in the order generate's num_return_sequences gives them.
         rows = [ids for ids in batch for _ in range(k)]
         # All rows at once, or in parts that fit in the GPU memory free now.
-        completions, _ = sample_completions(
-            model, rows, settings.max_new_tokens, eos, tokenizer.pad_token_id, sampling
-        )
+        completions, _ = sampler.sample(model, rows, settings.max_new_tokens, eos, tokenizer.pad_token_id, sampling)
         for p in range(len(batch)):
             group = completions[p * k : (p + 1) * k]
             results.append([(tokenizer.decode(ids, skip_special_tokens=True), len(ids)) for ids in group])

@@ -278,11 +278,12 @@ def test_a_rollout_drawn_from_nan_probabilities_is_a_skipped_step(tmp_path, tiny
     non-finite number, the rollout's token probabilities, and applies no update."""
     import torch
 
+    from grpo_cli.engine import Sampler
     from grpo_cli.train.health import StepGuard
     from grpo_cli.train.rollout_func import StaticCacheRollout
 
     trainer = tiny_grpo_trainer(tmp_path, [lambda completions, **kw: [float(len(c)) for c in completions]])
-    trainer.rollout_func = StaticCacheRollout()
+    trainer.rollout_func = StaticCacheRollout(Sampler())
     guard = StepGuard(patience=0, output_dir=tmp_path)
     guard.bind(trainer)
     trainer.step_guard = guard

@@ -63,7 +63,7 @@ def test_rollout_log_probs_match_the_models_own_forward(kind, monkeypatch):
     assert rollout.cannot_serve(model) is None
     weight, bias, sizes = rollout._stacked_qkv(model.model.layers[0].self_attn)  # one matrix product for q, k, v
     assert sizes == [64, 32, 32] and weight.shape == (128, 64) and (bias is None) == (kind == "llama")
-    completions, logprobs = rollout.sample_completions(
+    completions, logprobs = rollout.Sampler().sample(
         model, PROMPTS, 30, eos_token_ids=[3], pad_token_id=0, sampling=rollout.Sampling(temperature=0.7)
     )
     assert len(completions) == len(PROMPTS)
@@ -107,7 +107,7 @@ def test_rollout_draws_the_tokens_transformers_generate_draws_from_the_same_seed
 
     model = tiny_model(kind)
     torch.manual_seed(11)
-    ours, _ = rollout.sample_completions(
+    ours, _ = rollout.Sampler().sample(
         model, PROMPTS, 20, eos_token_ids=[3], pad_token_id=0, sampling=rollout.Sampling(temperature=0.9)
     )
     assert ours == generate_completions(model, PROMPTS, 11)
@@ -128,7 +128,7 @@ def test_rollout_prefills_each_distinct_prompt_once(kind):
     batches = []
     hook = model.model.embed_tokens.register_forward_hook(lambda module, args, out: batches.append(args[0].shape))
     torch.manual_seed(11)
-    ours, logprobs = rollout.sample_completions(
+    ours, logprobs = rollout.Sampler().sample(
         model, prompts, 20, eos_token_ids=[3], pad_token_id=0, sampling=rollout.Sampling(temperature=0.9)
     )
     hook.remove()
@@ -185,7 +185,7 @@ def test_rollout_applies_lora_layers(targets):
     assert rollout.stacked_qkv_bytes(inner) == 2 * (weight.nbytes + 128 * 4)  # two layers, with q/k/v biases
     folded = rollout._folded_linears(inner.model.layers[0])
     assert isinstance(folded[3], rollout._FoldedLoRA)  # down_proj
-    completions, logprobs = rollout.sample_completions(
+    completions, logprobs = rollout.Sampler().sample(
         inner, PROMPTS, 16, eos_token_ids=[3], pad_token_id=0, sampling=rollout.Sampling(temperature=1.0)
     )
     assert model.training and attn.q_proj.lora_dropout["default"].training  # as the trainer left it
@@ -215,7 +215,7 @@ def test_rollout_leaves_unfoldable_lora_layers_to_peft():
     inner = model.get_base_model()
     assert rollout._stacked_qkv(inner.model.layers[0].self_attn) is None
     assert rollout._folded_linears(inner.model.layers[0]) is None
-    completions, logprobs = rollout.sample_completions(
+    completions, logprobs = rollout.Sampler().sample(
         inner, PROMPTS, 12, eos_token_ids=[3], pad_token_id=0, sampling=rollout.Sampling(temperature=1.0)
     )
     for prompt, completion, logp in zip(PROMPTS, completions, logprobs, strict=True):
@@ -226,10 +226,10 @@ def test_rollout_leaves_unfoldable_lora_layers_to_peft():
 def test_rollout_ends_at_eos_and_top_k_one_is_greedy():
     import torch
 
-    from grpo_cli.engine.rollout import Sampling, sample_completions
+    from grpo_cli.engine.rollout import Sampler, Sampling
 
     model = tiny_model("qwen2")
-    greedy, _ = sample_completions(
+    greedy, _ = Sampler().sample(
         model, PROMPTS, 12, eos_token_ids=[3], pad_token_id=0, sampling=Sampling(top_k=1)
     )
     for prompt, completion in zip(PROMPTS, greedy, strict=True):
@@ -238,7 +238,7 @@ def test_rollout_ends_at_eos_and_top_k_one_is_greedy():
         assert completion == logits.argmax(-1).tolist()
     # With one of row 0's greedy tokens as EOS, every greedy completion stops at its first occurrence, kept.
     eos = greedy[0][2]
-    ended, _ = sample_completions(
+    ended, _ = Sampler().sample(
         model, PROMPTS, 12, eos_token_ids=[eos], pad_token_id=0, sampling=Sampling(top_k=1)
     )
     assert ended == [c[: c.index(eos) + 1] if eos in c else c for c in greedy]
@@ -248,14 +248,14 @@ def test_rollout_ends_at_eos_and_top_k_one_is_greedy():
 def test_rollout_in_parts_samples_what_one_batch_samples():
     """A generation batch too large for the GPU's free memory is sampled in parts: greedy (top-k 1), so the parts
     must give token for token what one batch gives, left padding included."""
-    from grpo_cli.engine.rollout import Sampling, sample_completions
+    from grpo_cli.engine.rollout import Sampler, Sampling
 
     model = tiny_model("llama")
     prompts = PROMPTS + [p[::-1] for p in PROMPTS] + [[20, 21, 22, 23]]  # 9 prompts: parts of 4, 4 and 1
-    whole = sample_completions(
+    whole = Sampler().sample(
         model, prompts, 10, eos_token_ids=[3], pad_token_id=0, sampling=Sampling(top_k=1)
     )
-    parts = sample_completions(
+    parts = Sampler().sample(
         model, prompts, 10, eos_token_ids=[3], pad_token_id=0, sampling=Sampling(top_k=1), max_rows=4
     )
     assert parts[0] == whole[0] and len(parts[0]) == 9
@@ -271,7 +271,7 @@ def test_rollout_memory_estimate_covers_the_cache_it_allocates():
     model = tiny_model("qwen2")
     prompt_len, new = 7, 40
     decoder = rollout._Decoder(
-        model, 3, prompt_len + new, torch.zeros(3, dtype=torch.long), torch.device("cpu"), torch.float32
+        model, 3, prompt_len + new, torch.zeros(3, dtype=torch.long), torch.device("cpu"), torch.float32, flash=False
     )
     cache_per_row = sum(t.nbytes for t in decoder.keys + decoder.values) // 3
     decoder.stack_projections()
@@ -279,10 +279,11 @@ def test_rollout_memory_estimate_covers_the_cache_it_allocates():
     estimate = rollout.row_bytes(model, prompt_len, new)
     assert cache_per_row < estimate < cache_per_row + 300 * 4 * 8 + prompt_len * 1024 * 4  # + logits, prefill
     # Rows that fit: whole multiples of 8 from 8 up, at least one however little is free.
-    per_row = estimate / rollout.ROLLOUT_MEMORY_SHARE
-    assert rollout.rows_that_fit(model, prompt_len, new, int(per_row * 21)) == 16
-    assert rollout.rows_that_fit(model, prompt_len, new, int(per_row * 5) + 1) == 5
-    assert rollout.rows_that_fit(model, prompt_len, new, 10) == 1
+    share = rollout.EngineOptions().memory_share
+    per_row = estimate / share
+    assert rollout.rows_that_fit(model, prompt_len, new, int(per_row * 21), share) == 16
+    assert rollout.rows_that_fit(model, prompt_len, new, int(per_row * 5) + 1, share) == 5
+    assert rollout.rows_that_fit(model, prompt_len, new, 10, share) == 1
 
 
 def test_models_the_rollout_does_not_cover_are_named():
@@ -333,12 +334,12 @@ def test_flash_decode_attention_gives_the_models_own_log_probs(kind, monkeypatch
     prompts = PROMPTS * 3
     errors = {}
     for flash in (True, False):
-        monkeypatch.setattr(rollout, "FLASH_DECODE", flash)
+        sampler = rollout.Sampler(rollout.EngineOptions(flash_decode=flash))
         torch.manual_seed(5)
-        completions, logprobs = rollout.sample_completions(
+        completions, logprobs = sampler.sample(
             model, prompts, 30, eos_token_ids=[3], pad_token_id=0, sampling=rollout.Sampling(temperature=0.7)
         )
-        assert not rollout._GRAPHS_BROKEN
+        assert sampler.graphs_problem is None
         errors[flash] = max(
             max(abs(a - b) for a, b in zip(logp, teacher_forced_logprobs(model, p, c, 0.7), strict=True))
             for p, c, logp in zip(prompts, completions, logprobs, strict=True)
@@ -367,16 +368,17 @@ def test_folded_lora_decode_gives_peft_log_probs_in_bf16():
     before = inner.model.layers[0].self_attn.q_proj.base_layer.weight.clone()
     prompts = PROMPTS * 3
     errors = {}
+    sampler = rollout.Sampler()
     for name, sampled, reference in (("plain", plain, plain), ("lora", inner, model)):
         torch.manual_seed(5)
-        completions, logprobs = rollout.sample_completions(
+        completions, logprobs = sampler.sample(
             sampled, prompts, 30, eos_token_ids=[3], pad_token_id=0, sampling=rollout.Sampling(temperature=0.7)
         )
         errors[name] = max(
             max(abs(a - b) for a, b in zip(logp, teacher_forced_logprobs(reference, p, c, 0.7), strict=True))
             for p, c, logp in zip(prompts, completions, logprobs, strict=True)
         )
-    assert not rollout._GRAPHS_BROKEN and inner in rollout._GRAPHS_CHECKED
+    assert sampler.graphs_problem is None and inner in sampler._checked
     assert torch.equal(inner.model.layers[0].self_attn.q_proj.base_layer.weight, before)
     assert errors["lora"] < 0.1 and errors["lora"] < 2 * errors["plain"] + 0.02, errors
 
@@ -391,13 +393,14 @@ def test_rollouts_leave_no_gpu_memory_behind():
 
     model = tiny_model("qwen2").to("cuda", torch.bfloat16)
     prompts = PROMPTS * 4
-    rollout.sample_completions(model, prompts, 40, [299], 0)  # the first one builds cuBLAS handles
+    sampler = rollout.Sampler()
+    sampler.sample(model, prompts, 40, [299], 0)  # the first one builds cuBLAS handles
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     for _ in range(3):
-        rollout.sample_completions(model, prompts, 40, [299], 0)
+        sampler.sample(model, prompts, 40, [299], 0)
     torch.cuda.synchronize()
-    assert not rollout._GRAPHS_BROKEN and model in rollout._GRAPHS_CHECKED  # the first replay checked, once
+    assert sampler.graphs_problem is None and model in sampler._checked  # the first replay checked, once
     assert torch.cuda.memory_allocated() <= before
 
 

@@ -14,7 +14,7 @@ from grpo_cli.trl_private import GENERATION_FRAMES, SCORING_FRAMES
 
 # Function names on the traceback that place a failure, most specific first (the optimizer: by torch/optim files).
 PHASES = (
-    ("generation", {*GENERATION_FRAMES, "sample_completions", "generate"}),
+    ("generation", {*GENERATION_FRAMES, "_sample_part", "generate"}),  # grpo's Sampler, transformers'
     # the batch's log-probs without gradients (old policy, reference model)
     ("scoring", set(SCORING_FRAMES)),
     ("forward/backward", {"compute_loss", "backward", "training_step"}),

@@ -6,8 +6,9 @@ allocated once per rollout and the one-token step of the whole batch is captured
 TRL's: float32 logits, temperature, top-k, top-p, min-p, and a completion ends at its first EOS token, which it keeps.
 
 `grpo rl` samples through it as TRL's `rollout_func` (grpo_cli/train/rollout_func.py), `grpo eval` directly; both
-call `sample_completions`. GRPO samples several completions of each prompt: a prompt goes through the prefill once,
-and its keys and values fill the cache rows of all its completions (each then drawn on its own).
+through a `Sampler`, built with its `EngineOptions`. GRPO samples several completions of each prompt: a prompt goes
+through the prefill once, and its keys and values fill the cache rows of all its completions (each then drawn on its
+own).
 
 It reuses the model's own modules (norms, projections with any LoRA layers, MLP, rotary embedding), so only the
 attention and the cache are ours; models of another shape, and set-ups it does not cover, go through TRL's path.
@@ -26,6 +27,8 @@ import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from grpo_cli.once import SayOnce
+
 logger = logging.getLogger("grpo_cli.engine.rollout")
 
 # Decoder-only families whose layers are: norm -> attention (q/k/v/o projections, rotary, optional q/k norms) ->
@@ -36,13 +39,21 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # Tokens of cache per decode graph on the SDPA path: a step attends over the stretches in use, not the whole cache.
 KV_STRETCH = 256
 ALL_DONE_CHECK_EVERY = 32  # decode steps between checks whether every completion has ended (a device sync)
-# Share of the GPU memory free at rollout time that one generation batch's cache and buffers may take; a larger
-# batch is sampled in parts that fit (each row is drawn on its own either way: the same sampling, more time).
-ROLLOUT_MEMORY_SHARE = 0.8
-# Decode attention through FlashAttention's variable-length kernel where it exists (else PyTorch's SDPA with a mask).
-FLASH_DECODE = True
-# A prompt that several rows share (GRPO's generations of one prompt) goes through the prefill once.
-SHARED_PREFILL = True
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """What grpo's sampler may use: all of it by default; a benchmark turns one part off to time what it brings."""
+
+    # each decode step one CUDA graph replay (else every kernel launched from Python)
+    cuda_graphs: bool = True
+    # decode attention through FlashAttention's variable-length kernel where it exists (else PyTorch's SDPA, masked)
+    flash_decode: bool = True
+    # a prompt that several rows share (GRPO's generations of one prompt) goes through the prefill once
+    shared_prefill: bool = True
+    # share of the GPU memory free at rollout time that one generation batch's cache and buffers may take; a larger
+    # batch is sampled in parts that fit (each row is drawn on its own either way: the same sampling, more time)
+    memory_share: float = 0.8
 
 
 @dataclass
@@ -102,7 +113,7 @@ def _flash_decode_available(device, dtype, head_dim: int) -> bool:
     a first call on a few tokens that ran (decided once per process for each GPU, dtype and head size)."""
     import torch
 
-    if not FLASH_DECODE or device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
         return False
     key = (str(device), dtype, head_dim)
     if key not in _FLASH_CHECKS:
@@ -316,7 +327,7 @@ def _has_active_dropout(model) -> bool:
 class _Decoder:
     """The model's forward over a preallocated KV cache, for a fixed batch of left-padded prompts."""
 
-    def __init__(self, model, batch: int, max_len: int, pad_start, device, dtype):
+    def __init__(self, model, batch: int, max_len: int, pad_start, device, dtype, flash: bool):
         import torch
 
         core = model.model
@@ -335,7 +346,7 @@ class _Decoder:
         self.positions = torch.arange(max_len, device=device)
         self.qkv = [None] * len(self.layers)  # the stacked q/k/v weights, once `stack_projections` made them
         self.linears = [None] * len(self.layers)  # o, gate, up, down with LoRA folded (`stack_projections`)
-        self.flash = _flash_decode_available(device, dtype, self.head_dim)
+        self.flash = flash and _flash_decode_available(device, dtype, self.head_dim)
         if self.flash:
             # One sequence per (row, key/value head) in the flattened cache, starting at the row's first real token
             # (the last boundary is the cache's end); its queries are that head's query heads.
@@ -514,10 +525,6 @@ class _GraphSteps:
         return logits
 
 
-_GRAPHS_BROKEN: list[str] = []  # set once a graph replay disagreed with the eager step: eager from then on
-_GRAPHS_CHECKED: weakref.WeakSet = weakref.WeakSet()  # models whose first graph replay matched the eager step
-
-
 def cache_width(config) -> int:
     """Values one token keeps in one layer's KV cache: its keys and values, one vector per key/value head."""
     heads = config.num_attention_heads
@@ -555,42 +562,11 @@ def free_gpu_bytes(device, cached: bool = True) -> int:
     return int(max(0, min(free + spare, fraction * total - reserved + spare)))
 
 
-def rows_that_fit(model, prompt_len: int, max_new_tokens: int, free_bytes: int) -> int:
-    """How many prompts one rollout batch may hold in ROLLOUT_MEMORY_SHARE of `free_bytes` (at least 1; a multiple
-    of 8 from 8 up, for the matrix kernels)."""
-    rows = int(ROLLOUT_MEMORY_SHARE * free_bytes // row_bytes(model, prompt_len, max_new_tokens))
+def rows_that_fit(model, prompt_len: int, max_new_tokens: int, free_bytes: int, share: float) -> int:
+    """How many prompts one rollout batch may hold in `share` of `free_bytes` (at least 1; a multiple of 8 from 8 up,
+    for the matrix kernels)."""
+    rows = int(share * free_bytes // row_bytes(model, prompt_len, max_new_tokens))
     return max(1, rows // 8 * 8 if rows >= 8 else rows)
-
-
-_PARTS_REPORTED: list[bool] = []  # the log says once per process that batches are sampled in parts
-
-
-def _rows_free_memory_holds(model, prompt_ids: list[list[int]], max_new_tokens: int) -> int:
-    """Prompts one part may hold in the GPU memory free now, besides the stacked q/k/v weights (said once in the log
-    when that is not all of them)."""
-    import torch
-
-    device = model.lm_head.weight.device
-    prompt_len = max(len(ids) for ids in prompt_ids)
-    stacked = stacked_qkv_bytes(model)
-    free = max(0, free_gpu_bytes(device) - stacked)
-    rows = rows_that_fit(model, prompt_len, max_new_tokens, free)
-    uncached = rows_that_fit(model, prompt_len, max_new_tokens, max(0, free_gpu_bytes(device, cached=False) - stacked))
-    if uncached < min(rows, len(prompt_ids)):
-        # The batch counts on memory torch keeps cached from the last forward/backward, in blocks that may be too
-        # small for the cache's tensors (a small card ran out there with a fifth of its memory in them): hand them
-        # back first.
-        torch.cuda.empty_cache()
-    if rows < len(prompt_ids) and not _PARTS_REPORTED:
-        _PARTS_REPORTED.append(True)
-        logger.info(
-            "sampling %d completions in parts of %d: the cache of all of them at once would not fit in the "
-            "%.1f GiB of GPU memory free (each completion is sampled as in one batch; parts take longer)",
-            len(prompt_ids),
-            rows,
-            free / 2**30,
-        )
-    return rows
 
 
 def _token_probs(logits, sampling: Sampling):
@@ -645,78 +621,115 @@ def _draw(probs):
     return torch.div(probs, ratio, out=ratio).argmax(-1)
 
 
-def sample_completions(
-    model,
-    prompt_ids: list[list[int]],
-    max_new_tokens: int,
-    eos_token_ids: list[int],
-    pad_token_id: int,
-    sampling: Sampling | None = None,
-    cuda_graphs: bool = True,
-    max_rows: int | None = None,
-    check_finite: bool = True,
-) -> tuple[list[list[int]], list[list[float]]]:
-    """Sample one completion per prompt: token ids up to and including the first EOS, and each token's log-prob.
+class Sampler:
+    """grpo's static-cache sampler, built with its options. It keeps what it learns while sampling: which models'
+    decode graphs were checked against the eager step (at each model's first replay), and whether graphs failed
+    (`graphs_problem`: a capture the driver refused or a replay that differed; eager decode steps from then on)."""
 
-    The prompts are sampled in consecutive parts of at most `max_rows`; on a GPU, by default, of as many as fit in
-    the memory free now (all of them when they fit). A token drawn from non-finite probabilities raises
-    NonFiniteProbabilities (`check_finite=False`: the caller reads it from the log-probs).
-    """
-    import torch
+    def __init__(self, options: EngineOptions | None = None):
+        self.options = options or EngineOptions()
+        self.graphs_problem: str | None = None
+        self._checked: weakref.WeakSet = weakref.WeakSet()  # models whose first graph replay matched the eager step
+        self._said = SayOnce()
 
-    if max_rows is None and model.lm_head.weight.device.type == "cuda":
-        max_rows = _rows_free_memory_holds(model, prompt_ids, max_new_tokens)
-    if max_rows is not None and len(prompt_ids) > max_rows:
+    def sample(
+        self,
+        model,
+        prompt_ids: list[list[int]],
+        max_new_tokens: int,
+        eos_token_ids: list[int],
+        pad_token_id: int,
+        sampling: Sampling | None = None,
+        max_rows: int | None = None,
+        check_finite: bool = True,
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """Sample one completion per prompt: token ids up to and including the first EOS, and each token's log-prob.
+
+        The prompts are sampled in consecutive parts of at most `max_rows`; on a GPU, by default, of as many as fit
+        in the memory free now (all of them when they fit). A token drawn from non-finite probabilities raises
+        NonFiniteProbabilities (`check_finite=False`: the caller reads it from the log-probs).
+        """
+        if max_rows is None and model.lm_head.weight.device.type == "cuda":
+            max_rows = self._rows_free_memory_holds(model, prompt_ids, max_new_tokens)
+        max_rows = max_rows or len(prompt_ids)
         completions, logprobs = [], []
         for start in range(0, len(prompt_ids), max_rows):
-            part = sample_completions(
-                model,
-                prompt_ids[start : start + max_rows],
-                max_new_tokens,
-                eos_token_ids,
-                pad_token_id,
-                sampling,
-                cuda_graphs,
-                max_rows=max_rows,
-                check_finite=check_finite,
+            part = self._sample_part(
+                model, prompt_ids[start : start + max_rows], max_new_tokens, eos_token_ids, pad_token_id,
+                sampling or Sampling(), check_finite,
             )
             completions += part[0]
             logprobs += part[1]
         return completions, logprobs
 
-    sampling = sampling or Sampling()
-    device = model.lm_head.weight.device
-    dtype = model.model.embed_tokens.weight.dtype
-    batch, prompt_len = len(prompt_ids), max(len(ids) for ids in prompt_ids)
-    ids = torch.full((batch, prompt_len), pad_token_id, dtype=torch.long)
-    attention = torch.zeros((batch, prompt_len), dtype=torch.long)
-    for row, tokens in enumerate(prompt_ids):
-        ids[row, prompt_len - len(tokens) :] = torch.tensor(tokens, dtype=torch.long)
-        attention[row, prompt_len - len(tokens) :] = 1
-    ids, attention = ids.to(device), attention.to(device)
-    pad_start = prompt_len - attention.sum(-1)
-    eos = torch.tensor(sorted(set(eos_token_ids)), device=device)
-    max_len = prompt_len + max_new_tokens
-    use_graphs = cuda_graphs and device.type == "cuda" and not _GRAPHS_BROKEN
+    def _rows_free_memory_holds(self, model, prompt_ids: list[list[int]], max_new_tokens: int) -> int:
+        """Prompts one part may hold in the GPU memory free now, besides the stacked q/k/v weights (said once in the
+        log when that is not all of them)."""
+        import torch
 
-    with torch.no_grad(), _adapter_dropout_off(model):
-        decoder = _Decoder(model, batch, max_len, pad_start, device, dtype)
+        device, share = model.lm_head.weight.device, self.options.memory_share
+        prompt_len = max(len(ids) for ids in prompt_ids)
+        stacked = stacked_qkv_bytes(model)
+        free = max(0, free_gpu_bytes(device) - stacked)
+        rows = rows_that_fit(model, prompt_len, max_new_tokens, free, share)
+        uncached_free = max(0, free_gpu_bytes(device, cached=False) - stacked)
+        if rows_that_fit(model, prompt_len, max_new_tokens, uncached_free, share) < min(rows, len(prompt_ids)):
+            # The batch counts on memory torch keeps cached from the last forward/backward, in blocks that may be too
+            # small for the cache's tensors (a small card ran out there with a fifth of its memory in them): hand
+            # them back first.
+            torch.cuda.empty_cache()
+        if rows < len(prompt_ids) and self._said.first("parts"):
+            logger.info(
+                "sampling %d completions in parts of %d: the cache of all of them at once would not fit in the "
+                "%.1f GiB of GPU memory free (each completion is sampled as in one batch; parts take longer)",
+                len(prompt_ids),
+                rows,
+                free / 2**30,
+            )
+        return rows
+
+    def _sample_part(self, model, prompt_ids, max_new_tokens, eos_token_ids, pad_token_id, sampling, check_finite):
+        """One batch of prompts, all rows at once."""
+        import torch
+
+        device = model.lm_head.weight.device
+        ids, attention = _left_padded(prompt_ids, pad_token_id, device)
+        eos = torch.tensor(sorted(set(eos_token_ids)), device=device)
+        with torch.no_grad(), _adapter_dropout_off(model):
+            tokens, logprobs, graphed = self._decode(
+                model, prompt_ids, ids, attention, max_new_tokens, eos, pad_token_id, sampling
+            )
+        if graphed:  # the graphs and their cache are gone with `_decode`'s frame
+            _release_side_workspace()
+        # A NaN row of probabilities still yields a token (the argmax of NaN): its log-probability is what shows it.
+        finite = torch.isfinite(logprobs).all(-1)
+        if check_finite and not bool(finite.all()):
+            raise NonFiniteProbabilities(
+                f"{int((~finite).sum())} of {len(prompt_ids)} completions drew tokens from non-finite probabilities"
+            )
+        return _until_eos(tokens, logprobs, eos.cpu())
+
+    def _decode(self, model, prompt_ids, ids, attention, max_new_tokens: int, eos, pad_token_id: int, sampling):
+        """The prefill, then one token per row and step until every row has ended or `max_new_tokens`: the tokens
+        and their log-probs ([rows, steps] on the CPU), and whether CUDA graphs ran the steps."""
+        import torch
+
+        device, dtype = ids.device, model.model.embed_tokens.weight.dtype
+        batch, prompt_len = ids.shape
+        max_len = prompt_len + max_new_tokens
+        decoder = _Decoder(
+            model, batch, max_len, prompt_len - attention.sum(-1), device, dtype, self.options.flash_decode
+        )
         tokens = torch.full((batch, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
         done = torch.zeros(batch, dtype=torch.bool, device=device)
         step_ids = torch.zeros((batch, 1), dtype=torch.long, device=device)
         step_positions = (attention.sum(-1, keepdim=True) - 1).clamp(min=0)
         slot = torch.full((1,), prompt_len - 1, dtype=torch.long, device=device)
-        graphs = _GraphSteps(decoder, step_ids, step_positions, slot) if use_graphs else None
-        checked = not use_graphs or model in _GRAPHS_CHECKED or _has_active_dropout(model)
-        # GRPO samples several completions per prompt: each distinct prompt goes through the prefill once, and its
-        # keys/values fill the cache rows of all its completions.
-        firsts, rows = distinct_rows([tuple(tokens) for tokens in prompt_ids])
-        if SHARED_PREFILL and len(firsts) < batch:
-            firsts, rows = torch.tensor(firsts, device=device), torch.tensor(rows, device=device)
-            logits = decoder.prefill(ids[firsts], attention[firsts], rows)
-        else:
-            logits = decoder.prefill(ids, attention)
+        graphed = self.options.cuda_graphs and device.type == "cuda" and self.graphs_problem is None
+        graphs = _GraphSteps(decoder, step_ids, step_positions, slot) if graphed else None
+        check = graphed and model not in self._checked and not _has_active_dropout(model)
+        logits = self._prefill(decoder, prompt_ids, ids, attention)
         decoder.stack_projections()
         produced = 0
         for t in range(max_new_tokens):
@@ -736,41 +749,69 @@ def sample_completions(
             if graphs is None:
                 logits = decoder.step(step_ids, step_positions, slot, kv_len)
                 continue
-            try:
-                replayed = graphs(kv_len)
-            except RuntimeError as err:  # a capture the CUDA driver refuses: decode eagerly from here on
-                _GRAPHS_BROKEN.append(f"graph capture failed: {err}")
-                logger.warning("CUDA graph decoding disabled: %s", _GRAPHS_BROKEN[-1])
+            logits = self._replay(graphs, model, kv_len, check)
+            check = False
+            if self.graphs_problem is not None:
                 graphs = None
-                logits = decoder.step(step_ids, step_positions, slot, kv_len)
-                continue
-            if not checked:
-                eager = decoder.step(step_ids, step_positions, slot, kv_len)
-                scale = eager.float().abs().max().clamp(min=1e-6)
-                error = float((replayed.float() - eager.float()).abs().max() / scale)
-                checked = True
-                _GRAPHS_CHECKED.add(model)
-                if error > 1e-2:
-                    _GRAPHS_BROKEN.append(f"graph replay differs from the eager step by {error:.3g}")
-                    logger.warning("CUDA graph decoding disabled: %s", _GRAPHS_BROKEN[-1])
-                    graphs, replayed = None, eager
-            logits = replayed
-        tokens, logprobs = tokens[:, :produced].cpu(), logprobs[:, :produced].cpu()
-    if graphs is not None:
-        del graphs, decoder
-        _release_side_workspace()
-    # A NaN row of probabilities still yields a token (the argmax of NaN): its log-probability is what shows it.
-    finite = torch.isfinite(logprobs).all(-1)
-    if check_finite and not bool(finite.all()):
-        raise NonFiniteProbabilities(
-            f"{int((~finite).sum())} of {batch} completions drew tokens from non-finite probabilities"
-        )
+        return tokens[:, :produced].cpu(), logprobs[:, :produced].cpu(), graphed
 
-    is_eos = torch.isin(tokens, eos.cpu())
+    def _prefill(self, decoder: _Decoder, prompt_ids: list[list[int]], ids, attention):
+        """The prompts through the model: each distinct prompt once (GRPO samples several completions of each; its
+        keys and values fill the cache rows of all of them), or every row (`shared_prefill` off)."""
+        import torch
+
+        firsts, rows = distinct_rows([tuple(tokens) for tokens in prompt_ids])
+        if not self.options.shared_prefill or len(firsts) == len(rows):
+            return decoder.prefill(ids, attention)
+        firsts, rows = torch.tensor(firsts, device=ids.device), torch.tensor(rows, device=ids.device)
+        return decoder.prefill(ids[firsts], attention[firsts], rows)
+
+    def _replay(self, graphs: _GraphSteps, model, kv_len: int, check: bool):
+        """A decode step's logits from its graph; the eager step's where the capture fails or, at a model's first
+        replay (`check`), where the replay differs from it (both set `graphs_problem`, said in the log)."""
+        try:
+            replayed = graphs(kv_len)
+        except RuntimeError as err:  # a capture the CUDA driver refuses: decode eagerly from here on
+            return self._graphs_failed(f"graph capture failed: {err}", graphs, kv_len)
+        if not check:
+            return replayed
+        eager = graphs.decoder.step(graphs.ids, graphs.positions, graphs.slot, kv_len)
+        scale = eager.float().abs().max().clamp(min=1e-6)
+        error = float((replayed.float() - eager.float()).abs().max() / scale)
+        self._checked.add(model)
+        if error > 1e-2:
+            self.graphs_problem = f"graph replay differs from the eager step by {error:.3g}"
+            logger.warning("CUDA graph decoding disabled: %s", self.graphs_problem)
+        return eager if self.graphs_problem else replayed
+
+    def _graphs_failed(self, problem: str, graphs: _GraphSteps, kv_len: int):
+        self.graphs_problem = problem
+        logger.warning("CUDA graph decoding disabled: %s", problem)
+        return graphs.decoder.step(graphs.ids, graphs.positions, graphs.slot, kv_len)
+
+
+def _left_padded(prompt_ids: list[list[int]], pad_token_id: int, device):
+    """The prompts as one left-padded batch of ids and its attention mask, on `device`."""
+    import torch
+
+    batch, prompt_len = len(prompt_ids), max(len(ids) for ids in prompt_ids)
+    ids = torch.full((batch, prompt_len), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((batch, prompt_len), dtype=torch.long)
+    for row, tokens in enumerate(prompt_ids):
+        ids[row, prompt_len - len(tokens) :] = torch.tensor(tokens, dtype=torch.long)
+        attention[row, prompt_len - len(tokens) :] = 1
+    return ids.to(device), attention.to(device)
+
+
+def _until_eos(tokens, logprobs, eos) -> tuple[list[list[int]], list[list[float]]]:
+    """Each row's tokens and log-probs up to and including its first EOS token (all of them where there is none)."""
+    import torch
+
+    is_eos = torch.isin(tokens, eos)
     completions, completion_logprobs = [], []
-    for row in range(batch):
+    for row in range(tokens.shape[0]):
         hits = is_eos[row].nonzero()
-        end = int(hits[0]) + 1 if len(hits) else produced
+        end = int(hits[0]) + 1 if len(hits) else tokens.shape[1]
         completions.append(tokens[row, :end].tolist())
         completion_logprobs.append(logprobs[row, :end].tolist())
     return completions, completion_logprobs

@@ -20,10 +20,10 @@ import math
 
 from grpo_cli.engine import (
     NonFiniteProbabilities,
+    Sampler,
     Sampling,
     cannot_serve,
     distinct_rows,
-    sample_completions,
     without_peft_wrapper,
 )
 from grpo_cli.engine.rollout import free_gpu_bytes, gathered_bytes, row_bytes
@@ -66,9 +66,10 @@ def _tokenize_distinct(prompts: list, trainer):
 
 
 class StaticCacheRollout:
-    """TRL `rollout_func`: completions from `sample_completions`, or from TRL's own generation where it can't serve."""
+    """TRL `rollout_func`: completions from grpo's `sampler`, or from TRL's own generation where it can't serve."""
 
-    def __init__(self):
+    def __init__(self, sampler: Sampler):
+        self.sampler = sampler
         self.reported = False
         self.said = SayOnce()
 
@@ -87,7 +88,7 @@ class StaticCacheRollout:
             if policy is None:
                 return self._trl(trainer, prompt_ids, None, fields, gather=False)
             sampling = Sampling(trainer.temperature, trainer.top_k, trainer.top_p, trainer.min_p)
-            completion_ids, logprobs = sample_completions(
+            completion_ids, logprobs = self.sampler.sample(
                 policy,
                 prompt_ids,
                 trainer.max_completion_length,
@@ -184,14 +185,14 @@ class StaticCacheRollout:
         return fits
 
 
-def static_rollout(args, rollout_engine: str, model) -> StaticCacheRollout | None:
+def static_rollout(args, rollout_engine: str, model, sampler: Sampler | None = None) -> StaticCacheRollout | None:
     """The rollout function for the recipe's `rollout_engine` (grpo_cli/recipe/hardware.py: grpo's on a GPU);
     None: TRL's path from the start (`rollout_engine: trl`; vLLM, whose weight syncing TRL drives; a model the
-    sampler does not cover, said once)."""
+    sampler does not cover, said once). `sampler`: grpo's, with its default options unless given."""
     if rollout_engine != "grpo" or args.use_vllm:
         return None
     reason = cannot_serve(model)
     if reason:
         logger.info("rollouts through TRL's generation: %s", reason)
         return None
-    return StaticCacheRollout()
+    return StaticCacheRollout(sampler or Sampler())
