@@ -75,7 +75,7 @@ class TaskArguments:
     )
     prefill: str | None = field(
         default=None,
-        metadata={"help": "Text the assistant turn starts with (rewards account for it). Default: the task's; '' for none."},
+        metadata={"help": "Text the assistant turn starts with (rewards score it with the completion: their `prefill` keyword). Default: the task's; '' for none."},
     )
     chat_template: str | None = field(
         default=None,

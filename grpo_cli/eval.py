@@ -141,7 +141,7 @@ def score_completions(
     `lengths`: their token counts, for rewards that read them (`completion_lengths`); `correctness`: what a correct
     answer is (`grpo_cli.rewards.scoring.Correctness`; None: the task's, for these rewards)."""
     from grpo_cli.rewards.scoring import Correctness
-    from grpo_cli.tasks import as_chats, completion_text
+    from grpo_cli.tasks import as_chats, prefill_of
 
     correctness = correctness or Correctness.of(task.name, [f.__name__ for f in reward_funcs])
 
@@ -156,8 +156,8 @@ def score_completions(
         rewards[func.__name__] = [None if v is None or math.isnan(v) else float(v) for v in values]
     right = correctness.judge(prompts, chats, columns, rewards) if rows else []
     scored = []
-    for i, (row, chat) in enumerate(zip(rows, chats)):
-        text = completion_text(row["prompt"], chat)
+    for i, (row, completion) in enumerate(zip(rows, completions)):
+        text = prefill_of(row["prompt"]) + completion
         scored.append(
             {
                 "correct": right[i],

@@ -53,7 +53,8 @@ def prompt_with_prefill() -> list[dict]:
 def rewards_of(func, rows: list[dict], completions: list[str]) -> list[float]:
     """A reward's values, called as TRL calls it: the prompts, the completions, the rows' columns."""
     columns = {key: [row[key] for row in rows] for key in rows[0]}
-    return func(prompts=[prompt_with_prefill()] * len(rows), completions=completions, **columns)
+    prompts = [prompt_with_prefill()] * len(rows)
+    return func(prompts=prompts, completions=completions, prefill=[PREFILL] * len(rows), **columns)
 
 
 # --- generation --------------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from grpo_cli.rewards.gsm8k import (
 )
 from grpo_cli.tasks import answers, equation
 from grpo_cli.tasks.countdown import PREFILL
-from grpo_cli.tasks.task import MAX_TEXT_CHARS
+from grpo_cli.tasks.task import MAX_TEXT_CHARS, prefill_of
 
 DATA = Path(__file__).parent / "data"
 COUNTDOWN_PROMPT = [
@@ -48,7 +48,7 @@ def chat(text: str) -> list[dict]:
 def one(func, completion: str, prompt=None, **columns):
     """Score one conversational completion (prompt given: its prefill counts)."""
     columns = {k: [v] for k, v in columns.items()}
-    return func(prompts=[prompt], completions=[chat(completion)], **columns)[0]
+    return func(prompts=[prompt], completions=[chat(completion)], prefill=[prefill_of(prompt)], **columns)[0]
 
 
 def equation_score(answer: str, nums=(44, 19, 35), target=98) -> float:

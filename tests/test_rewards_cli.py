@@ -183,8 +183,8 @@ def test_rewards_test_fails_loudly_on_a_reward_set_that_rewards_malformed_output
             from grpo_cli.rewards import reward
             from grpo_cli.tasks import completion_text
 
-            def likes_chatter(prompts, completions, **kwargs):
-                return [5.0 if completion_text(p, c).endswith("helps!") else 0.0 for p, c in zip(prompts, completions)]
+            def likes_chatter(prompts, completions, prefill, **kwargs):
+                return [5.0 if (p + completion_text(c)).endswith("helps!") else 0.0 for p, c in zip(prefill, completions)]
 
             @reward(name="stingy", low=0.0, high=1.0)
             def stingy(prompts, completions, **kwargs):

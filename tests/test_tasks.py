@@ -18,6 +18,7 @@ from grpo_cli.tasks import (
     for_prefill,
     get_task,
     load_task_dataset,
+    prefill_of,
     sft_dataset,
     task_problems,
 )
@@ -84,15 +85,15 @@ def test_prompt_overrides_from_the_recipe():
     ]
 
 
-def test_completion_text_adds_the_prefill_for_every_completion_shape():
+def test_the_prefill_and_the_completion_text_of_every_shape():
     prompt = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>"}]
-    assert completion_text(prompt, [{"role": "assistant", "content": "a</think>"}]) == "<think>a</think>"
-    assert completion_text(prompt, "a</think>") == "<think>a</think>"
+    assert prefill_of(prompt) == "<think>"
+    assert prefill_of(prompt[:1]) == ""  # no assistant message, no prefill
+    assert prefill_of("a plain prompt") == prefill_of(None) == ""
+    assert completion_text([{"role": "assistant", "content": "a</think>"}]) == completion_text("a</think>") == "a</think>"
     parts = [{"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
-    assert completion_text(prompt, parts) == "<think>ab"
-    assert completion_text(prompt[:1], "a") == "a"  # no assistant message, no prefill
-    assert completion_text("a plain prompt", "a") == "a"
-    assert completion_text(None, None) == ""
+    assert completion_text(parts) == "ab"
+    assert completion_text(None) == ""
 
 
 def test_chat_template_text():

@@ -40,9 +40,9 @@ def _golds(solution, kwargs: dict) -> list:
     high=3.0,
     doc="3 if '<start_working_out>...<end_working_out><SOLUTION>...</SOLUTION>', each tag once, nothing after",
 )
-def dapo_format_exact(prompts=None, completions=None, **kwargs) -> list[float]:
+def dapo_format_exact(prompts=None, completions=None, prefill=None, **kwargs) -> list[float]:
     """3.0 when the text (prefill + completion) follows the working-out/solution format exactly, else 0.0."""
-    return [3.0 if is_exact(text) else 0.0 for text in texts(prompts, completions)]
+    return [3.0 if is_exact(text) else 0.0 for text in texts(completions, prefill)]
 
 
 @reward(
@@ -52,9 +52,9 @@ def dapo_format_exact(prompts=None, completions=None, **kwargs) -> list[float]:
     high=2.0,
     doc="+0.5 for each of the 4 tags seen exactly once, -1 for each missing or repeated",
 )
-def dapo_format_approx(prompts=None, completions=None, **kwargs) -> list[float]:
+def dapo_format_approx(prompts=None, completions=None, prefill=None, **kwargs) -> list[float]:
     """Partial format credit: +0.5 per tag present exactly once, -1.0 per tag missing or repeated."""
-    return [tag_score(text) for text in texts(prompts, completions)]
+    return [tag_score(text) for text in texts(completions, prefill)]
 
 
 def answer_score(text: str, gold) -> float | None:
@@ -93,10 +93,10 @@ def _guess_score(guess: str | None, gold) -> float | None:
     doc="5 if the <SOLUTION> equals the gold answer (math-verify), partial credit within 10%/20%, None if undecided",
     columns=("solution",),
 )
-def dapo_answer(prompts=None, completions=None, solution=None, **kwargs) -> list[float | None]:
+def dapo_answer(prompts=None, completions=None, prefill=None, solution=None, **kwargs) -> list[float | None]:
     """The recipe's answer check, with equivalence by math-verify instead of string equality. Undecided answers
     (None) are counted: the fraction is logged as UNDECIDED_METRIC when TRL passes `log_metric`."""
-    guesses = [solution_of(text) for text in texts(prompts, completions)]
+    guesses = [solution_of(text) for text in texts(completions, prefill)]
     pairs = list(zip(guesses, _golds(solution, kwargs), strict=True))
     scores: list[float | None] = []
     for start in range(0, len(pairs), SCORE_CHUNK):
@@ -149,7 +149,7 @@ def numbers_score(text: str, gold) -> float | None:
     doc="3.5 if the first number after <SOLUTION> is the gold number (None when the gold is not a number)",
     columns=("solution",),
 )
-def dapo_numbers(prompts=None, completions=None, solution=None, **kwargs) -> list[float | None]:
+def dapo_numbers(prompts=None, completions=None, prefill=None, solution=None, **kwargs) -> list[float | None]:
     """The recipe's numeric check: the first number in the solution, commas removed, against the gold number."""
-    all_texts = texts(prompts, completions)
+    all_texts = texts(completions, prefill)
     return [numbers_score(text, gold) for text, gold in zip(all_texts, _golds(solution, kwargs), strict=True)]

@@ -30,11 +30,11 @@ def _correct(guess: str, gold: str) -> bool:
     doc="2 if the <answer> equals the gold answer after '####' (as numbers: 1,234 = 1234, 72.0 = 72)",
     columns=("answer",),
 )
-def gsm8k_correctness(prompts=None, completions=None, answer=None, **kwargs) -> list[float]:
+def gsm8k_correctness(prompts=None, completions=None, prefill=None, answer=None, **kwargs) -> list[float]:
     """2.0 when the extracted answer equals the gold answer, else 0.0."""
     return [
         2.0 if _correct(answer_of(text), gold_answer(gold)) else 0.0
-        for text, gold in zip(texts(prompts, completions), answer, strict=True)
+        for text, gold in zip(texts(completions, prefill), answer, strict=True)
     ]
 
 
@@ -45,9 +45,9 @@ def gsm8k_correctness(prompts=None, completions=None, answer=None, **kwargs) -> 
     high=0.5,
     doc="0.5 if the <answer> is a plain integer (ASCII digits)",
 )
-def gsm8k_int(prompts=None, completions=None, **kwargs) -> list[float]:
+def gsm8k_int(prompts=None, completions=None, prefill=None, **kwargs) -> list[float]:
     """0.5 when the extracted answer is an integer such as 72 or -3, else 0.0."""
-    return [0.5 if is_integer_text(answer_of(text)) else 0.0 for text in texts(prompts, completions)]
+    return [0.5 if is_integer_text(answer_of(text)) else 0.0 for text in texts(completions, prefill)]
 
 
 @reward(
@@ -57,9 +57,9 @@ def gsm8k_int(prompts=None, completions=None, **kwargs) -> list[float]:
     high=0.5,
     doc="0.5 if exactly '<reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>', each tag once (one final newline allowed)",
 )
-def gsm8k_strict_format(prompts=None, completions=None, **kwargs) -> list[float]:
+def gsm8k_strict_format(prompts=None, completions=None, prefill=None, **kwargs) -> list[float]:
     """0.5 when the text follows the strict reasoning/answer layout, else 0.0."""
-    return [0.5 if is_strict(text) else 0.0 for text in texts(prompts, completions)]
+    return [0.5 if is_strict(text) else 0.0 for text in texts(completions, prefill)]
 
 
 @reward(
@@ -69,9 +69,9 @@ def gsm8k_strict_format(prompts=None, completions=None, **kwargs) -> list[float]
     high=0.5,
     doc="0.5 if it starts '<reasoning>...</reasoning>' then '<answer>...</answer>' (any spacing)",
 )
-def gsm8k_soft_format(prompts=None, completions=None, **kwargs) -> list[float]:
+def gsm8k_soft_format(prompts=None, completions=None, prefill=None, **kwargs) -> list[float]:
     """0.5 when the text has reasoning then answer tags, with any whitespace, else 0.0."""
-    return [0.5 if is_soft(text) else 0.0 for text in texts(prompts, completions)]
+    return [0.5 if is_soft(text) else 0.0 for text in texts(completions, prefill)]
 
 
 @reward(
@@ -81,6 +81,6 @@ def gsm8k_soft_format(prompts=None, completions=None, **kwargs) -> list[float]:
     high=0.5,
     doc="0.125 per well-placed tag, minus 0.001 per character after </answer>",
 )
-def gsm8k_xml_count(prompts=None, completions=None, **kwargs) -> list[float]:
+def gsm8k_xml_count(prompts=None, completions=None, prefill=None, **kwargs) -> list[float]:
     """The recipe's partial credit for each tag on its own line, penalising trailing text."""
-    return [xml_count(text) for text in texts(prompts, completions)]
+    return [xml_count(text) for text in texts(completions, prefill)]

@@ -1,5 +1,8 @@
 """The guard around every reward: an exception, a hang or a bad return value never stops training.
 
+It is also where a reward's keywords are completed: `prefill`, the text each prompt's assistant turn starts with
+(its last message, for a chat prompt), so that rewards score prefill + completion without reading the chat.
+
 A failing completion scores the reward's failure value; on a timeout the whole batch does. Failures are counted
 (`guard.failures`), logged to TRL as `rewards/NAME/failed_frac` (and the share of those that ran past the
 timeout as `rewards/NAME/timed_out_frac`) when it passes `log_metric`, and the first of each
@@ -20,7 +23,7 @@ from typing import Any
 from grpo_cli.once import SayOnce
 from grpo_cli.rewards.isolated import RewardLost, RewardProcess, RewardRaised
 from grpo_cli.rewards.registry import RewardSpec
-from grpo_cli.tasks.task import completion_text
+from grpo_cli.tasks.task import completion_text, prefill_of
 from grpo_cli.tasks.time_limit import TimeLimitExpired, time_limit
 
 logger = logging.getLogger("grpo_cli.rewards")
@@ -33,7 +36,7 @@ MIN_BATCH_SECONDS = 10.0
 
 def _preview(prompt: Any, completion: Any) -> str:
     try:
-        text = completion_text(prompt, completion)
+        text = prefill_of(prompt) + completion_text(completion)
     except Exception:  # noqa: BLE001 - a completion of an unexpected type: show what it is
         text = repr(completion)
     if len(text) > PREVIEW_CHARS:
@@ -182,6 +185,7 @@ class RewardGuard:
     def __call__(self, prompts: list | None = None, completions: list | None = None, **kwargs: Any) -> list:
         completions = list(completions or [])
         prompts = list(prompts) if prompts is not None else [None] * len(completions)
+        kwargs = {**kwargs, "prefill": [prefill_of(prompt) for prompt in prompts]}
         n = len(completions)
         failures_before = self.failures
         self.calls += 1

@@ -17,10 +17,11 @@ COLUMNS = ("answer", "metadata", "source_dataset")
 ROW_COLUMNS = ("question", *COLUMNS, "source_config")  # what the scorers read of a row
 
 
-def _scores(prompts, completions, columns: dict) -> list[float]:
+def _scores(completions, columns: dict) -> list[float]:
     present = {key: columns[key] for key in ROW_COLUMNS if columns.get(key) is not None}
     rows = [{key: values[i] for key, values in present.items()} for i in range(len(completions))]
-    return [completion_score(text, row) for text, row in zip(texts(prompts, completions), rows, strict=True)]
+    all_texts = texts(completions, columns.get("prefill"))
+    return [completion_score(text, row) for text, row in zip(all_texts, rows, strict=True)]
 
 
 @reward(
@@ -30,9 +31,9 @@ def _scores(prompts, completions, columns: dict) -> list[float]:
     high=1.0,
     doc="1 if '<think>...</think> <answer>...</answer>', each tag once, nothing after (prefill counted)",
 )
-def reasoning_gym_format(prompts=None, completions=None, **kwargs) -> list[float]:
+def reasoning_gym_format(prompts=None, completions=None, prefill=None, **kwargs) -> list[float]:
     """1.0 when the text (prefill + completion) follows the think/answer format, else 0.0 (countdown's check)."""
-    return [1.0 if is_formatted(text) else 0.0 for text in texts(prompts, completions)]
+    return [1.0 if is_formatted(text) else 0.0 for text in texts(completions, prefill)]
 
 
 @reward(
@@ -46,7 +47,7 @@ def reasoning_gym_format(prompts=None, completions=None, **kwargs) -> list[float
 )
 def reasoning_gym_accuracy(prompts=None, completions=None, **kwargs) -> list[float]:
     """1.0 when reasoning-gym's scorer for the row's dataset gives the last <answer> full marks, else 0.0."""
-    return [1.0 if value >= FULL_MARKS else 0.0 for value in _scores(prompts, completions, kwargs)]
+    return [1.0 if value >= FULL_MARKS else 0.0 for value in _scores(completions, kwargs)]
 
 
 @reward(
@@ -60,4 +61,4 @@ def reasoning_gym_accuracy(prompts=None, completions=None, **kwargs) -> list[flo
 )
 def reasoning_gym_score(prompts=None, completions=None, **kwargs) -> list[float]:
     """reasoning-gym's score of the last <answer> for the row's dataset, from 0 to 1, partial credit included."""
-    return _scores(prompts, completions, kwargs)
+    return _scores(completions, kwargs)

@@ -1,4 +1,4 @@
-"""The texts rewards read: prefill + completion, for conversational or plain prompts and completions."""
+"""The texts rewards score: the assistant turn's prefill + the completion."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ from typing import Any
 from grpo_cli.tasks.task import completion_text
 
 
-def texts(prompts: list[Any] | None, completions: list[Any]) -> list[str]:
-    """One text per completion: the prompt's assistant prefill (if any) + the completion."""
-    if prompts is None:
-        prompts = [None] * len(completions)
-    return [
-        completion_text(prompt, completion) for prompt, completion in zip(prompts, completions, strict=True)
-    ]
+def texts(completions: list[Any], prefill: list[str] | None = None) -> list[str]:
+    """One text per completion: its `prefill` (the keyword every reward gets from its guard: the text its prompt's
+    assistant turn starts with; none when not given) + the completion."""
+    if prefill is None:
+        prefill = [""] * len(completions)
+    return [start + completion_text(completion) for start, completion in zip(prefill, completions, strict=True)]

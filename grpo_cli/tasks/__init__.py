@@ -23,6 +23,7 @@ from grpo_cli.tasks.task import (
     completion_text,
     for_prefill,
     get_task,
+    prefill_of,
     register_task,
     task_table,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "for_prefill",
     "get_task",
     "load_task_dataset",
+    "prefill_of",
     "reference_messages",
     "register_task",
     "sft_dataset",

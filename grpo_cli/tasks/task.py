@@ -216,27 +216,22 @@ def as_chats(completions: list[str]) -> list[list[dict]]:
     return [[{"role": "assistant", "content": text}] for text in completions]
 
 
-def completion_text(prompt: Any, completion: Any) -> str:
-    """Text the rewards see: the assistant prefill (last prompt message, if from the assistant) + the completion.
+def prefill_of(prompt: Any) -> str:
+    """The text the assistant turn starts with: the prompt's last message when it is the assistant's (a chat prompt's
+    prefill), else ''. A plain-string prompt carries no prefill that could be told apart from the prompt."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict) and prompt[-1].get("role") == "assistant":
+        return message_text(prompt[-1].get("content"))
+    return ""
 
-    Conversational completions ([{"role": "assistant", "content": ...}, ...]) are joined; plain strings are used
-    as they are. A plain-string prompt carries no prefill the rewards could tell apart from the prompt.
-    """
+
+def completion_text(completion: Any) -> str:
+    """A completion's text: a conversational one ([{"role": "assistant", "content": ...}, ...]) joined, a string as
+    it is."""
     if isinstance(completion, list):
-        text = "".join(message_text(m.get("content")) if isinstance(m, dict) else str(m) for m in completion)
-    elif isinstance(completion, dict):
-        text = message_text(completion.get("content"))
-    else:
-        text = message_text(completion)
-    prefill = ""
-    if (
-        isinstance(prompt, list)
-        and prompt
-        and isinstance(prompt[-1], dict)
-        and prompt[-1].get("role") == "assistant"
-    ):
-        prefill = message_text(prompt[-1].get("content"))
-    return prefill + text
+        return "".join(message_text(m.get("content")) if isinstance(m, dict) else str(m) for m in completion)
+    if isinstance(completion, dict):
+        return message_text(completion.get("content"))
+    return message_text(completion)
 
 
 def last_block(text: str, start: str, end: str) -> str | None:
