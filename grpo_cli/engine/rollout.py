@@ -649,6 +649,8 @@ class Sampler:
         in the memory free now (all of them when they fit). A token drawn from non-finite probabilities raises
         NonFiniteProbabilities (`check_finite=False`: the caller reads it from the log-probs).
         """
+        if not prompt_ids:
+            return [], []
         if max_rows is None and model.lm_head.weight.device.type == "cuda":
             max_rows = self._rows_free_memory_holds(model, prompt_ids, max_new_tokens)
         max_rows = max_rows or len(prompt_ids)
