@@ -286,6 +286,43 @@ def test_rollout_memory_estimate_covers_the_cache_it_allocates():
     assert rollout.rows_that_fit(model, prompt_len, new, 10, share) == 1
 
 
+def test_a_graph_the_driver_refuses_or_that_differs_leaves_eager_steps(caplog):
+    """The decode graphs' safety net, on the CPU with stand-ins for the captured graphs: a capture that fails, or a
+    first replay that differs from the eager step, gives the eager step's logits, sets the sampler's
+    `graphs_problem` (eager steps from then on) and says so in the log; a replay that matches marks the model checked."""
+    import torch
+
+    from grpo_cli.engine import rollout
+
+    model = tiny_model("qwen2")
+    decoder = rollout._Decoder(model, 1, 8, torch.zeros(1, dtype=torch.long), torch.device("cpu"), torch.float32, False)
+    ids, positions, slot = torch.tensor([[5]]), torch.tensor([[0]]), torch.tensor([0])
+    with torch.no_grad():
+        eager = decoder.step(ids, positions, slot, 8)
+
+    class Graphs:  # what `_GraphSteps` offers the sampler: the decoder, the static inputs, a replay
+        def __init__(self, replay):
+            self.decoder, self.ids, self.positions, self.slot, self.replay = decoder, ids, positions, slot, replay
+
+        def __call__(self, kv_len):
+            return self.replay()
+
+    def refused():
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    with torch.no_grad():  # as the sampler decodes
+        sampler = rollout.Sampler()
+        assert torch.equal(sampler._replay(Graphs(refused), model, 8, check=True), eager)
+        assert sampler.graphs_problem == "graph capture failed: operation not permitted when stream is capturing"
+        sampler = rollout.Sampler()
+        assert torch.equal(sampler._replay(Graphs(lambda: eager + 1.0), model, 8, check=True), eager)
+        assert sampler.graphs_problem.startswith("graph replay differs from the eager step by")
+        assert caplog.text.count("CUDA graph decoding disabled") == 2
+        sampler = rollout.Sampler()
+        assert torch.equal(sampler._replay(Graphs(lambda: eager.clone()), model, 8, check=True), eager)
+        assert sampler.graphs_problem is None and model in sampler._checked
+
+
 def test_models_the_rollout_does_not_cover_are_named():
     from grpo_cli.engine.rollout import cannot_serve
 
