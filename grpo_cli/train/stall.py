@@ -27,7 +27,7 @@ from transformers import TrainerCallback
 from grpo_cli.console import console
 
 CHECK_EVERY_S = 10.0
-FROZEN_AFTER_CHECKS = 3  # the watch missed this many checks in a row: the interpreter is held, faulthandler writes
+FROZEN_AFTER_CHECKS = 5  # the watch missed this many checks in a row: the interpreter is held, faulthandler writes
 
 
 def stacks_file(output_dir: str | Path, rank: int, processes: int) -> Path:
