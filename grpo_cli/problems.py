@@ -30,4 +30,3 @@ def listing(problems: list[Problem]) -> list[str]:
     the rest, each group in the order found."""
     ordered = sorted(problems, key=_order)
     return [f"{p.where}: {p.message}" if p.where else p.message for p in ordered]
-

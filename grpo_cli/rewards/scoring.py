@@ -1,5 +1,5 @@
 """Scoring without a model: `grpo rewards score` (a JSONL of completions), `grpo rewards test` (the recipe's
-rewards on its own rows' reference answers and on malformed ones), and what "correct" means (`correct`)."""
+rewards on its own rows' reference answers and on malformed ones), and what "correct" means (`Correctness`)."""
 
 from __future__ import annotations
 

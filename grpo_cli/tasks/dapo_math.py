@@ -176,4 +176,3 @@ class DapoMathTask(Task):
 
     def is_formatted(self, text: str) -> bool:
         return is_exact(text)
-

@@ -327,5 +327,3 @@ def chat_template_text(value: str | None) -> str | None:
         f"chat_template: '{value}' is not a file, a built-in template ({', '.join(CHAT_TEMPLATES)}) "
         "or Jinja text - give a path to a .jinja file"
     )
-
-

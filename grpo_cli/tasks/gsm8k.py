@@ -186,4 +186,3 @@ class Gsm8kTask(Task):
 
     def is_formatted(self, text: str) -> bool:
         return is_strict(text)
-

@@ -258,4 +258,3 @@ class DynamicSampler:
             )
         self._fresh_rows = training_columns(trainer, trainer.train_dataset, "training")
         return self._fresh_rows
-

@@ -24,10 +24,7 @@ from grpo_cli.train.health import GuardedSteps, NonFiniteStop
 from grpo_cli.train.memory_fixes import explains_out_of_memory
 from grpo_cli.train.rollout_func import static_rollout
 from grpo_cli.train.run import TrainingRun
-from grpo_cli.trl_private import (
-    BatchSteps,
-    logs_of,
-)
+from grpo_cli.trl_private import BatchSteps, logs_of
 
 
 class RLTrainer(GuardedSteps, BatchSteps, GRPOTrainer):

@@ -185,14 +185,14 @@ class StaticCacheRollout:
         return fits
 
 
-def static_rollout(args, rollout_engine: str, model, sampler: Sampler | None = None) -> StaticCacheRollout | None:
+def static_rollout(args, rollout_engine: str, model) -> StaticCacheRollout | None:
     """The rollout function for the recipe's `rollout_engine` (grpo_cli/recipe/hardware.py: grpo's on a GPU);
     None: TRL's path from the start (`rollout_engine: trl`; vLLM, whose weight syncing TRL drives; a model the
-    sampler does not cover, said once). `sampler`: grpo's, with its default options unless given."""
+    sampler does not cover, said once)."""
     if rollout_engine != "grpo" or args.use_vllm:
         return None
     reason = cannot_serve(model)
     if reason:
         logger.info("rollouts through TRL's generation: %s", reason)
         return None
-    return StaticCacheRollout(sampler or Sampler())
+    return StaticCacheRollout(Sampler())
