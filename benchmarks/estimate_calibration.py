@@ -58,6 +58,7 @@ def run_shape(entry: dict) -> RunShape:
         activation_offloading=bool(offload),
         zero_stage={"zero2": 2, "zero3": 3}.get(entry.get("accelerate"), 0),
         grpo_sampler=overrides.get("cache_implementation", "static") == "static",
+        master_weights=bool(entry.get("master_weights")),  # absent: measured before full fine-tuning had them
     )
 
 

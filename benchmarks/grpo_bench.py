@@ -86,6 +86,9 @@ LORA16 = {"r": 16, "alpha": 32, "target_modules": "all-linear"}
 CONFIGS = {
     "trl": ("trl", {}),
     "grpo": ("grpo", {"micro_batch": "recipe"}),
+    # full fine-tuning's float32 master weights (grpo's default without DeepSpeed) left out: the optimizer TRL's side
+    # runs, updating the bf16 weights in place
+    "grpo-no-master": ("grpo", {"micro_batch": "recipe", "master_weights": False}),
     "grpo-mb32": ("grpo", {"micro_batch": 32}),
     "grpo-mb4": ("grpo", {"micro_batch": 4}),
     "grpo-mb8": ("grpo", {"micro_batch": 8}),
@@ -128,6 +131,14 @@ CONFIGS = {
     "trl-zero3-lora16": ("trl", {"accelerate": "zero3", "lora": LORA16}),
     "grpo-zero3-lora16": ("grpo", {"micro_batch": "recipe", "accelerate": "zero3", "lora": LORA16}),
 }
+def master_weights_default(device: str, lora: bool, accelerate: str | None) -> bool:
+    """Whether `grpo rl` gives the grpo side float32 master weights by default (grpo_cli.recipe.hardware)."""
+    from grpo_cli.recipe.hardware import Hardware, wants_master_weights
+
+    values = {"dtype": "bfloat16" if device == "cuda" else "float32", "use_peft": lora}
+    return wants_master_weights(values, Hardware(gpu=device == "cuda", sharded=accelerate is not None))
+
+
 def baseline_of(config: str) -> str:
     """The plain TRL configuration a configuration's speedup is measured against: the same set-up (LoRA, ZeRO-3),
     else TRL's defaults."""
@@ -895,6 +906,9 @@ def main(argv: list[str] | None = None) -> None:
             "optimizer_steps": steps,
             "accelerate": accelerate,
             "lora": lora,
+            "master_weights": side == "grpo" and overrides.get("master_weights", master_weights_default(
+                args.device, bool(lora or overrides.get("use_peft")), accelerate
+            )),
         }
         remaining = deadline - time.perf_counter()
         if remaining < min(cap, 30):

@@ -169,8 +169,8 @@ class MemoryArguments:
 
 @dataclass
 class HealthArguments:
-    """What a run does with non-finite numbers (NaN, inf) in a step, and with a step that never ends; and the
-    attention kernel known to make them."""
+    """What a run does with non-finite numbers (NaN, inf) in a step, and with a step that never ends; the attention
+    kernel known to make them; and the updates that bfloat16 weights would round away."""
 
     nonfinite_guard: bool = field(
         default=True,
@@ -199,6 +199,14 @@ class HealthArguments:
         metadata={
             "help": "When no step ends for this many seconds, write every thread's Python stack to "
             "OUTPUT_DIR/stall-stacks.txt and say so (the run goes on waiting); 0: never."
+        },
+    )
+    master_weights: bool = field(
+        default=False,
+        metadata={
+            "help": "Keep float32 copies of weights that train in bfloat16 and let the optimizer update those: "
+            "rounding to bfloat16 loses nearly every AdamW update at GRPO's learning rates. Costs 8 bytes a "
+            "parameter. Unset: on for full fine-tuning of a bfloat16 model without DeepSpeed (which keeps its own)."
         },
     )
 

@@ -143,6 +143,7 @@ class RunShape:
     zero_stage: int = 0  # DeepSpeed ZeRO stage; 0 without DeepSpeed
     processes: int = 1
     grpo_sampler: bool = True  # False: TRL's generate (no stacked copy, no CUDA graphs)
+    master_weights: bool = False  # float32 copies of 16-bit weights for the optimizer (without DeepSpeed)
 
 
 @dataclass
@@ -192,7 +193,12 @@ def estimate(shape: ModelShape, run: RunShape, card: Card | None = None) -> Esti
         persistent["optimizer state"] = 0 if adapter else 12 * params // n  # float32 master weights + Adam
     else:
         persistent["weights"] = params * wb + 4 * adapter  # LoRA's adapters in float32
-        persistent["optimizer state"] = 8 * adapter if adapter else 2 * params * wb  # Adam in the weights' dtype
+        if adapter:
+            persistent["optimizer state"] = 8 * adapter
+        elif run.master_weights:  # float32 copies and Adam's float32 moments
+            persistent["optimizer state"] = 12 * params
+        else:
+            persistent["optimizer state"] = 2 * params * wb  # Adam in the weights' dtype
 
     tokens = run.prompt_tokens + run.completion_tokens
     sampling = dict(persistent)

@@ -347,6 +347,13 @@ def check_recipe(
     if "model_name_or_path" not in recipe.values and not named:
         missing = "`model_name_or_path` is missing - name a model to train"
         found.append(Problem(None, missing, str(recipe.path or "recipe")))
+    sharded = recipe.values.get("deepspeed") or recipe.values.get("fsdp") or (recipe.hardware and recipe.hardware.sharded)
+    if recipe.values.get("master_weights") and sharded:
+        found.append(Problem(
+            "master_weights",
+            "`master_weights` is for a run without DeepSpeed or FSDP: DeepSpeed's optimizer keeps float32 copies of "
+            "the weights itself, and FSDP shards them - drop `master_weights`",
+        ))
     if recipe.command == "rl":
         found += _batch_problems(recipe, num_processes) if batch_ok else []
         found += _reward_problems(recipe)
@@ -366,7 +373,7 @@ def check_recipe(
 # Keys whose defaults depend on the machine (`grpo_cli.recipe.hardware`): the plan shows each with where it came from.
 MACHINE_KEYS = (
     "bf16", "use_cpu", "dataloader_pin_memory", "use_liger_kernel", "activation_offloading",
-    "lean_lm_head",
+    "lean_lm_head", "master_weights",
 )
 # The keys behind each row of the plan, for its `from` column.
 ROW_KEYS = {

@@ -89,6 +89,14 @@ def rollout_engine(values: dict, hardware: Hardware) -> tuple[str, str]:
     return "grpo", "GPU"
 
 
+def wants_master_weights(values: dict, hardware: Hardware) -> bool:
+    """Whether the optimizer would update bfloat16 weights in place (grpo_cli/train/master_weights.py): full
+    fine-tuning of a model loaded in bfloat16 (or `auto`: the checkpoint's own dtype, most often bfloat16), without
+    DeepSpeed (its optimizer keeps float32 copies) or FSDP."""
+    sharded = hardware.sharded or values.get("deepspeed") or values.get("fsdp")
+    return not (values.get("use_peft") or sharded) and values.get("dtype") in ("bfloat16", "auto")
+
+
 def rollout_fallback(values: dict, sharding: str | None) -> str | None:
     """Why a run asking for grpo's sampler (`rollout_engine: grpo`) samples through TRL's generation instead, from its
     keys and how the launcher holds the weights (`sharding`: None, "zero1", "zero2", "zero3" or "fsdp"); None where
@@ -117,6 +125,7 @@ def hardware_defaults(
       where the CPU has AVX512-BF16, else it is emulated and several times slower), no pinned memory (it is
       for copies to a GPU; torch warns without one), and with several processes `use_cpu` (else each trains alone).
     - Which engine samples `grpo rl`'s rollouts (`rollout_engine`: grpo's on a GPU, TRL's on the CPU).
+    - Float32 master weights for full fine-tuning of bfloat16 weights without DeepSpeed (`wants_master_weights`).
     - A GPU: for `grpo rl`, liger-kernel's fused RMSNorm, rotary and SwiGLU
       kernels where installed (GRPO steps measured faster at every micro-batch size tried), and
       `activation_offloading` with `lean_lm_head` where the forward/backward rather than the rollout sets the peak
@@ -131,6 +140,8 @@ def hardware_defaults(
             chosen[key] = (value, why)
 
     default("rollout_engine", *rollout_engine(values, hardware))
+    if hardware.training and wants_master_weights(values, hardware):
+        default("master_weights", True, "full fine-tuning of bfloat16 weights")
     if not hardware.gpu:
         if hardware.cpu_bf16 and values.get("use_cpu") is True:  # transformers' CPU bf16 needs use_cpu
             default("bf16", True, "no GPU, the CPU has AVX512-BF16")

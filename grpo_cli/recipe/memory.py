@@ -146,6 +146,7 @@ def run_shape(recipe: Recipe, processes: int, accelerate_config: dict | None, sh
         zero_stage=stage,
         processes=processes,
         grpo_sampler=rollout_path(v, accelerate_config).startswith("grpo's sampler"),
+        master_weights=bool(v.get("master_weights")) and stage == 0 and dtype not in ("float32", "fp32"),
     )
 
 

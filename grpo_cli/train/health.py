@@ -268,7 +268,9 @@ class StepGuard(TrainerCallback):
 def _optimizer_tensors(optimizer, model):
     names = {id(p): name for name, p in model.named_parameters()}
     inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
+    copies = getattr(inner, "master_weights", None)  # float32 copies stand for the model's parameters there
     for param, state in getattr(inner, "state", {}).items():
+        param = copies.model_param(param) if copies is not None else param
         for key, value in state.items():
             if hasattr(value, "is_floating_point"):
                 yield f"{names.get(id(param), 'a parameter')} ({key})", value

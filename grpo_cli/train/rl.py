@@ -21,13 +21,14 @@ from grpo_cli.tasks import as_chats
 from grpo_cli.train.batch_hooks import GuardedScores, RolloutsFile, SolvedGroups
 from grpo_cli.train.dynamic_sampling import DynamicSampler
 from grpo_cli.train.health import GuardedSteps, NonFiniteStop
+from grpo_cli.train.master_weights import MasterWeightsSteps
 from grpo_cli.train.memory_fixes import explains_out_of_memory
 from grpo_cli.train.rollout_func import static_rollout
 from grpo_cli.train.run import TrainingRun
 from grpo_cli.trl_private import BatchSteps, logs_of
 
 
-class RLTrainer(GuardedSteps, BatchSteps, GRPOTrainer):
+class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
     """GRPOTrainer that hands each scored training batch to its `after_scoring` hooks
     (`grpo_cli.train.batch_hooks`: solved groups, the step guard's checks, the rollouts file), stops the run when a
     rollout's probabilities are not finite, and with a `dynamic_sampler` trains only on groups whose completions got
@@ -43,7 +44,7 @@ class RLTrainer(GuardedSteps, BatchSteps, GRPOTrainer):
         after_scoring: list[Callable] | None = None,
         **kwargs,
     ):
-        """GRPOTrainer's arguments (and GuardedSteps' `step_guard`), and: `dynamic_sampler`, the recipe's dynamic
+        """GRPOTrainer's arguments (and GuardedSteps' `step_guard`, MasterWeightsSteps' `master_weights`), and: `dynamic_sampler`, the recipe's dynamic
         sampling (None: off); `after_scoring`, what to do with each scored training batch, in order
         (`grpo_cli.train.batch_hooks`)."""
         # set first: GRPOTrainer's constructor may already call into the methods that read them
@@ -126,6 +127,7 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
                 dynamic_sampler=DynamicSampler(recipe.sampling) if recipe.sampling.dynamic_sampling else None,
                 after_scoring=after_scoring,
                 step_guard=run.guard,
+                master_weights=recipe.health.master_weights,
             )
         if recipe.memory.activation_offloading:
             LayerInputOffload(trainer.model)  # lives in the hooks it puts on the model

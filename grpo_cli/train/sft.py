@@ -6,6 +6,7 @@ from pathlib import Path
 
 from grpo_cli.recipe import Recipe
 from grpo_cli.train.health import GuardedSteps
+from grpo_cli.train.master_weights import MasterWeightsSteps
 from grpo_cli.train.memory_fixes import explains_out_of_memory
 from grpo_cli.train.run import TrainingRun
 
@@ -17,8 +18,8 @@ def run_sft(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Pat
 
     from grpo_cli.tasks import sft_dataset
 
-    class GuardedSFTTrainer(GuardedSteps, SFTTrainer):
-        """SFTTrainer whose micro-batch losses go to the run's StepGuard."""
+    class GuardedSFTTrainer(GuardedSteps, MasterWeightsSteps, SFTTrainer):
+        """SFTTrainer whose micro-batch losses go to the run's StepGuard, with float32 master weights where asked."""
 
     with TrainingRun(recipe, resume=resume, overwrite=overwrite) as run:  # left however the run ends
         examples = sft_dataset(recipe.task, recipe.task.dataset_train_split)
@@ -30,5 +31,6 @@ def run_sft(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Pat
             peft_config=run.peft_config(),
             callbacks=run.callbacks(),
             step_guard=run.guard,
+            master_weights=recipe.health.master_weights,
         )
         return run.train(trainer)
