@@ -131,6 +131,8 @@ CONFIGS = {
     "trl-zero3-lora16": ("trl", {"accelerate": "zero3", "lora": LORA16}),
     "grpo-zero3-lora16": ("grpo", {"micro_batch": "recipe", "accelerate": "zero3", "lora": LORA16}),
 }
+
+
 def master_weights_default(device: str, lora: bool, accelerate: str | None) -> bool:
     """Whether `grpo rl` gives the grpo side float32 master weights by default (grpo_cli.recipe.hardware)."""
     from grpo_cli.recipe.hardware import Hardware, wants_master_weights

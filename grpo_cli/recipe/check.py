@@ -347,8 +347,8 @@ def check_recipe(
     if "model_name_or_path" not in recipe.values and not named:
         missing = "`model_name_or_path` is missing - name a model to train"
         found.append(Problem(None, missing, str(recipe.path or "recipe")))
-    sharded = recipe.values.get("deepspeed") or recipe.values.get("fsdp") or (recipe.hardware and recipe.hardware.sharded)
-    if recipe.values.get("master_weights") and sharded:
+    launcher_shards = recipe.hardware is not None and recipe.hardware.sharded
+    if recipe.values.get("master_weights") and (recipe.values.get("deepspeed") or recipe.values.get("fsdp") or launcher_shards):
         found.append(Problem(
             "master_weights",
             "`master_weights` is for a run without DeepSpeed or FSDP: DeepSpeed's optimizer keeps float32 copies of "

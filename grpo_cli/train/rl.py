@@ -44,9 +44,9 @@ class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
         after_scoring: list[Callable] | None = None,
         **kwargs,
     ):
-        """GRPOTrainer's arguments (and GuardedSteps' `step_guard`, MasterWeightsSteps' `master_weights`), and: `dynamic_sampler`, the recipe's dynamic
-        sampling (None: off); `after_scoring`, what to do with each scored training batch, in order
-        (`grpo_cli.train.batch_hooks`)."""
+        """GRPOTrainer's arguments (and GuardedSteps' `step_guard`, MasterWeightsSteps' `master_weights`), and:
+        `dynamic_sampler`, the recipe's dynamic sampling (None: off); `after_scoring`, what to do with each scored
+        training batch, in order (`grpo_cli.train.batch_hooks`)."""
         # set first: GRPOTrainer's constructor may already call into the methods that read them
         self.dynamic_sampler = dynamic_sampler
         self.after_scoring = list(after_scoring or [])
