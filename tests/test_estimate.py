@@ -157,6 +157,20 @@ def test_a_rollout_too_large_for_the_card_is_sampled_in_parts():
         assert MemoryPlan(card, RUN, at).verdict == verdict, peak_share
 
 
+def test_dropping_the_master_weights_is_offered_after_the_changes_that_keep_the_results():
+    from grpo_cli.recipe.memory import candidate_fixes
+
+    run = replace(RUN, master_weights=True)
+    names = [what for what, _ in candidate_fixes(run)]
+    [drop] = [i for i, what in enumerate(names) if what.startswith("master_weights: false")]
+    assert drop > names.index("per_device_train_batch_size: 1 (gradient_accumulation_steps x8: the same completions per step)")
+    assert drop > next(i for i, what in enumerate(names) if what.startswith("use_peft: true"))
+    shape = ModelShape.of(QWEN_05B)
+    saved = estimate(shape, run).peak - estimate(shape, candidate_fixes(run)[drop][1]).peak
+    assert saved >= 8 * shape.parameters()  # the float32 copies and Adam's moments in float32
+    assert not any(what.startswith("master_weights") for what, _ in candidate_fixes(RUN))
+
+
 def grpo(*args, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "grpo_cli", *args], cwd=cwd, capture_output=True, text=True, check=False,
                           timeout=120)

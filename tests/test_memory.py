@@ -123,6 +123,17 @@ def test_lora_forward_backward_advice_leaves_out_the_lm_head():
     assert any("activation_offloading" in fix for fix in lora)
 
 
+def test_advice_for_full_fine_tuning_names_the_master_weights_price():
+    from grpo_cli.recipe import load_recipe
+    from grpo_cli.train.memory_fixes import memory_fixes
+
+    full = memory_fixes(load_recipe(None, ["--dtype", "bfloat16"], "rl"), "optimizer")
+    lora = memory_fixes(load_recipe(None, ["--dtype", "bfloat16", "--use_peft", "true"], "rl"), "optimizer")
+    [fix] = [fix for fix in full if "master_weights" in fix]
+    assert fix.startswith("`master_weights: false`") and "loses most updates" in fix
+    assert not any("master_weights" in fix for fix in lora)  # LoRA's adapters train in float32
+
+
 def test_other_errors_pass_through(monkeypatch, tmp_path, tiny_model_dir):
     load_model = TrainingRun.load_model
 

@@ -175,6 +175,9 @@ def candidate_fixes(run: RunShape) -> list[tuple[str, RunShape]]:
                 ))
         found.append(("use_peft: true (LoRA r16 on every linear layer: lora_target_modules: all-linear)",
                       replace(run, lora_rank=16, lora_modules=LINEAR_NAMES)))
+    if run.master_weights:
+        dropped = "master_weights: false (8 bytes a parameter less; bfloat16 rounding then loses most small updates)"
+        found.append((dropped, replace(run, master_weights=False)))
     length = run.completion_tokens
     while length > 256:
         length //= 2

@@ -2,7 +2,8 @@
 
 Where the run ran out comes from the engine (`grpo_cli.engine.memory`); the advice uses the recipe's effective
 values, so each fix is a line to paste: halve the micro-batch and double the accumulation (the same completions per
-step), generate a step's completions in smaller batches, shorten completions, LoRA or 4-bit.
+step), generate a step's completions in smaller batches, shorten completions, LoRA or 4-bit, no float32 master
+weights.
 """
 
 from __future__ import annotations
@@ -85,6 +86,12 @@ def memory_fixes(recipe: Recipe, phase: str) -> list[str]:
     if phase in ("forward/backward", "optimizer", "loading", "training") and full_model:
         fixes.append(
             "`use_peft: true` trains a LoRA adapter: no gradients or optimizer state for the full model"
+        )
+    if phase in ("forward/backward", "optimizer", "training") and full_model and values.get("master_weights"):
+        fixes.append(
+            f"`master_weights: false`{at('master_weights')} drops the float32 copies of the weights (8 bytes a "
+            "parameter), but bfloat16 rounding then loses most updates at small learning rates "
+            "(docs/troubleshooting.md)"
         )
     if phase == "optimizer" and full_model:
         fixes.append("`optim: adamw_8bit` keeps the optimizer state in 8 bits (bitsandbytes)")
