@@ -218,8 +218,9 @@ def check(
         float | None, typer.Option("--gpu-memory", help="Predict for a card of this many GiB (with --gpu: that card's speed).")
     ] = None,
 ) -> None:
-    """Validate a recipe without loading a model or a dataset, and print the resolved plan; on a GPU, or for the card
-    that --gpu / --gpu-memory name, the predicted peak GPU memory and step time, and what would make it fit.
+    """Validate a recipe and print the resolved plan, loading no model or dataset; predict GPU memory and step time.
+
+    On a GPU, or for the card --gpu / --gpu-memory name: the peak per process, the step time, what would fit.
 
     Keys after the recipe override it: `grpo check -c countdown --learning_rate 1e-6`.
     """
