@@ -431,8 +431,9 @@ def data_reasoning_gym(
 ) -> None:
     """Write rows of a reasoning-gym dataset (question, answer, what its scorer reads) for `task: reasoning_gym`.
 
-    Load them with `dataset_name: NAME.jsonl`, or generate them in the recipe itself: `dataset_generate: N` with
-    `dataset_generate_name: NAME` and `dataset_generate_config`.
+    Load them with `dataset_name: NAME.jsonl`.
+
+    Or generate them in the recipe: `dataset_generate: N`, `dataset_generate_name: NAME`, `dataset_generate_config`.
     """
     import yaml
 
@@ -464,8 +465,9 @@ def data_recipe(
 ) -> None:
     """Write the rows a recipe generates (dataset_generate) to a file, to train where the generator is not installed.
 
-    Train on them with the same recipe and `--dataset_name FILE --dataset_generate 0`: the same rows, and the same
-    held-out split. Keys after the recipe override it: `grpo data recipe -c gsm8k --dataset_generate 4000 -o gsm.jsonl`.
+    The same recipe with `--dataset_name FILE --dataset_generate 0` trains on the same rows and holds out the same.
+
+    Keys after the recipe override it: `grpo data recipe -c gsm8k --dataset_generate 4000 -o gsm.jsonl`.
     """
     from grpo_cli.console import console, escape
     from grpo_cli.tasks.dataset import write_generated_rows

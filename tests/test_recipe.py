@@ -204,6 +204,26 @@ def test_help_does_not_import_torch():
     assert out.stdout.strip().splitlines()[-1] == "False"
 
 
+def test_every_commands_help_paragraph_is_one_line_of_its_docstring():
+    """The help shows a docstring's line breaks as they are (rich markup), so a paragraph spread over two source lines
+    breaks mid-sentence in `grpo CMD --help`."""
+    import inspect
+
+    from grpo_cli.cli import app
+
+    def commands(group, prefix=""):
+        for command in group.registered_commands:
+            yield prefix + (command.name or command.callback.__name__), command.callback
+        for sub in group.registered_groups:
+            yield from commands(sub.typer_instance, f"{prefix}{sub.name} ")
+
+    found = list(commands(app))
+    assert len(found) > 10
+    broken = [name for name, callback in found for para in (inspect.getdoc(callback) or "").split("\n\n")
+              if "\n" in para.strip()]
+    assert broken == []
+
+
 def test_keys_list_cuts_long_help_at_a_word_and_a_search_shows_it_whole(monkeypatch, capsys):
     from grpo_cli.console import output
     from grpo_cli.recipe.show import print_keys
