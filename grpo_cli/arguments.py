@@ -209,6 +209,14 @@ class HealthArguments:
             "parameter. Unset: on for full fine-tuning of a bfloat16 model without DeepSpeed (which keeps its own)."
         },
     )
+    master_weights_rounding: Literal["nearest", "stochastic"] = field(
+        default="nearest",
+        metadata={
+            "help": "How master weights are rounded into the bfloat16 weights after a step: nearest (a weight moves "
+            "once its copy has moved half a bfloat16 unit, as under bfloat16 autocast) or stochastic (up or down, "
+            "the copy's value on average: small updates show from the first step)."
+        },
+    )
 
 
 @dataclass

@@ -13,7 +13,7 @@ from grpo_cli.errors import UserError
 from grpo_cli.recipe import load_recipe
 from grpo_cli.recipe.check import check_recipe
 from grpo_cli.recipe.hardware import Hardware
-from grpo_cli.train.master_weights import MASTER, MasterWeights
+from grpo_cli.train.master_weights import MASTER, MasterWeights, stochastic_round_
 
 LR = 1e-5  # AdamW moves a weight by about this much a step: below half a bfloat16 unit of a weight of 0.005-0.025
 
@@ -122,6 +122,60 @@ def test_a_skipped_step_leaves_weights_copies_and_state_alone():
         assert torch.equal(optimizer.state[copies[p]]["exp_avg"], moment)
 
 
+def test_stochastic_rounding_keeps_a_value_on_average_and_the_grid_exactly():
+    low = torch.tensor([0.0123, -0.0123, 3.5]).to(torch.bfloat16)
+    up = (low.view(torch.int16) + 1).view(torch.bfloat16)  # the next bfloat16 number away from zero
+    value = low.float() + 0.3 * (up.float() - low.float())  # 30% of the way to the next one
+    draws = 200_000
+    out = torch.empty(draws, 3, dtype=torch.bfloat16).t()  # not contiguous: written through a copy
+    stochastic_round_(out, value[:, None].expand(3, draws), torch.Generator().manual_seed(0))
+    assert set(out.unique().tolist()) == set(low.tolist()) | set(up.tolist())
+    share_up = (out == up[:, None]).float().mean(dim=1)
+    assert torch.allclose(share_up, torch.full((3,), 0.3), atol=0.01)
+    assert torch.allclose(out.float().mean(dim=1), value, rtol=1e-4)
+    on_grid = torch.empty(3, dtype=torch.bfloat16)
+    stochastic_round_(on_grid, low.float(), torch.Generator().manual_seed(1))
+    assert torch.equal(on_grid, low)
+
+
+def test_stochastic_rounding_shows_small_updates_at_once_and_resumes_alike():
+    nearest = bf16_parameters()
+    start = [p.detach().clone() for p in nearest]
+    optimizer = torch.optim.AdamW(nearest, lr=LR)
+    MasterWeights(optimizer)
+    steps(optimizer, nearest, 0, 1)
+    assert all(torch.equal(p.detach(), s) for p, s in zip(nearest, start))  # one update of 1e-5: rounded away
+
+    params = bf16_parameters()
+    optimizer = torch.optim.AdamW(params, lr=LR)
+    copies = copies_of(MasterWeights(optimizer, "stochastic", seed=3))
+    steps(optimizer, params, 0, 1)
+    moved = [(p.detach().float() - s.float()) for p, s in zip(params, start)]
+    meant = [copies[p] - s.float() for p, s in zip(params, start)]
+    assert sum((m != 0).sum().item() for m in moved) > 0.05 * sum(m.numel() for m in moved)
+    # on average the weights moved as their copies did
+    assert torch.allclose(torch.cat([m.flatten() for m in moved]).mean(), torch.cat([m.flatten() for m in meant]).mean(),
+                          rtol=0.1)
+
+    steps(optimizer, params, 1, 5)
+    buffer = io.BytesIO()
+    torch.save({"weights": [p.detach() for p in params], "optimizer": optimizer.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer)
+    resumed = [torch.nn.Parameter(w) for w in saved["weights"]]
+    again = torch.optim.AdamW(resumed, lr=LR)
+    MasterWeights(again, "stochastic", seed=3)
+    again.load_state_dict(saved["optimizer"])
+    steps(optimizer, params, 5, 10)
+    steps(again, resumed, 5, 10)
+    assert all(torch.equal(p.detach(), q.detach()) for p, q in zip(params, resumed))  # the same draws
+    other = bf16_parameters()
+    other_optimizer = torch.optim.AdamW(other, lr=LR)
+    MasterWeights(other_optimizer, "stochastic", seed=4)
+    steps(other_optimizer, other, 0, 10)
+    assert not all(torch.equal(p.detach(), q.detach()) for p, q in zip(params, other))  # the seed decides them
+
+
 def test_full_finetuning_of_bfloat16_weights_gets_master_weights_by_default(tmp_path):
     def recipe(*args, hardware=None):
         return load_recipe(None, ["--output_dir", str(tmp_path), *args], "rl", hardware or Hardware(gpu=False))
@@ -142,6 +196,12 @@ def test_full_finetuning_of_bfloat16_weights_gets_master_weights_by_default(tmp_
     assert "master_weights" not in recipe("--dtype", "bfloat16", hardware=Hardware(gpu=False, sharded=True)).values
     with pytest.raises(UserError, match="DeepSpeed's optimizer keeps float32 copies"):
         check_recipe(recipe("--dtype", "bfloat16", "--master_weights", "true", "--deepspeed", "x.json"))
+    with pytest.raises(UserError, match="`master_weights_rounding` rounds the float32 master weights"):
+        check_recipe(recipe("--dtype", "bfloat16", "--use_peft", "true", "--master_weights_rounding", "stochastic"))
+    try:
+        check_recipe(recipe("--dtype", "bfloat16", "--master_weights_rounding", "stochastic"))
+    except UserError as err:  # the recipe names no model
+        assert not any("master_weights_rounding" in problem for problem in err.problems), err.problems
 
 
 @pytest.mark.slow

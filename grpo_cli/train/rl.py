@@ -128,6 +128,7 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
                 after_scoring=after_scoring,
                 step_guard=run.guard,
                 master_weights=recipe.health.master_weights,
+                master_weights_rounding=recipe.health.master_weights_rounding,
             )
         if recipe.memory.activation_offloading:
             LayerInputOffload(trainer.model)  # lives in the hooks it puts on the model

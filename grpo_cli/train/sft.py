@@ -32,5 +32,6 @@ def run_sft(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Pat
             callbacks=run.callbacks(),
             step_guard=run.guard,
             master_weights=recipe.health.master_weights,
+            master_weights_rounding=recipe.health.master_weights_rounding,
         )
         return run.train(trainer)
