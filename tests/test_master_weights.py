@@ -208,7 +208,7 @@ def test_full_finetuning_of_bfloat16_weights_gets_master_weights_by_default(tmp_
 def test_a_bfloat16_grpo_run_steps_float32_copies_and_resumes_them(tmp_path, tiny_model_dir):
     from safetensors.torch import load_file
 
-    path = recipe_file(tmp_path, tiny_model_dir, "rl", "beta: 0.0\n")
+    path = recipe_file(tmp_path, tiny_model_dir, "rl", "beta: 0.0\nmaster_weights_rounding: stochastic\n")
     out = train(path, "rl", ["--dtype", "bfloat16"])
     assert "master_weights: true" in (out / "recipe.yaml").read_text()
     optimizer = torch.load(out / "checkpoint-2" / "optimizer.pt", weights_only=True)
