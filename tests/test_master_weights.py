@@ -54,6 +54,14 @@ def float32_reference(params_bf16, first: int, last: int, state=None):
     return ref, optimizer
 
 
+def checkpoint(params, optimizer) -> dict:
+    """The weights and the optimizer's state, saved and loaded back as a checkpoint does."""
+    buffer = io.BytesIO()
+    torch.save({"weights": [p.detach() for p in params], "optimizer": optimizer.state_dict()}, buffer)
+    buffer.seek(0)
+    return torch.load(buffer)
+
+
 def copies_of(master_weights: MasterWeights) -> dict:
     """The model's parameter -> its float32 copy."""
     return {param: master for master, param in master_weights.model_params.items()}
@@ -88,11 +96,7 @@ def test_master_weights_resume_from_a_checkpoint_in_float32():
     optimizer = torch.optim.AdamW(params, lr=LR)
     copies = copies_of(MasterWeights(optimizer))
     steps(optimizer, params, 0, 5)
-    buffer = io.BytesIO()
-    torch.save({"weights": [p.detach() for p in params], "optimizer": optimizer.state_dict()}, buffer)
-    buffer.seek(0)
-    saved = torch.load(buffer)
-
+    saved = checkpoint(params, optimizer)
     resumed = [torch.nn.Parameter(w) for w in saved["weights"]]
     again = torch.optim.AdamW(resumed, lr=LR)
     resumed_copies = copies_of(MasterWeights(again))
@@ -158,10 +162,7 @@ def test_stochastic_rounding_shows_small_updates_at_once_and_resumes_alike():
                           rtol=0.1)
 
     steps(optimizer, params, 1, 5)
-    buffer = io.BytesIO()
-    torch.save({"weights": [p.detach() for p in params], "optimizer": optimizer.state_dict()}, buffer)
-    buffer.seek(0)
-    saved = torch.load(buffer)
+    saved = checkpoint(params, optimizer)
     resumed = [torch.nn.Parameter(w) for w in saved["weights"]]
     again = torch.optim.AdamW(resumed, lr=LR)
     MasterWeights(again, "stochastic", seed=3)
