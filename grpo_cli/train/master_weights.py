@@ -111,8 +111,8 @@ class MasterWeights:
 
 class MasterWeightsSteps:
     """Mixin for a transformers Trainer built with `master_weights` (default False): its optimizer updates float32
-    copies of the model's bfloat16 weights (`MasterWeights`), rounded into them as `master_weights_rounding` says. Not for DeepSpeed, which keeps copies of its own, nor
-    FSDP (the recipe check refuses both)."""
+    copies of the model's bfloat16 weights (`MasterWeights`), rounded into them as `master_weights_rounding` says.
+    Not for DeepSpeed, which keeps copies of its own, nor FSDP (the recipe check refuses both)."""
 
     def __init__(self, *args, master_weights: bool = False, master_weights_rounding: str = "nearest", **kwargs):
         self.master_weights = master_weights
