@@ -354,7 +354,7 @@ def check_recipe(
             "`master_weights` is for a run without DeepSpeed or FSDP: DeepSpeed's optimizer keeps float32 copies of "
             "the weights itself, and FSDP shards them - drop `master_weights`",
         ))
-    if recipe.values.get("master_weights_rounding") == "stochastic" and not recipe.resolved().get("master_weights"):
+    if recipe.values.get("master_weights_rounding") == "stochastic" and not recipe.values.get("master_weights"):
         found.append(Problem(
             "master_weights_rounding",
             "`master_weights_rounding` rounds the float32 master weights into the model, and this run keeps none "
