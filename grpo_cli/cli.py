@@ -20,7 +20,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
+    rich_markup_mode="markdown",  # docstring paragraphs reflow; `code` shows as code
 )
 
 RECIPE_OPTION = typer.Option("--config", "-c", help="Recipe YAML file, or the name of a built-in recipe.")
