@@ -210,11 +210,11 @@ class HealthArguments:
         },
     )
     master_weights_rounding: Literal["nearest", "stochastic"] = field(
-        default="nearest",
+        default="stochastic",
         metadata={
-            "help": "How master weights are rounded into the bfloat16 weights after a step: nearest (a weight moves "
-            "once its copy has moved half a bfloat16 unit, as under bfloat16 autocast) or stochastic (up or down, "
-            "the copy's value on average: small updates show from the first step)."
+            "help": "How master weights are rounded into the bfloat16 weights after a step: stochastic (up or down, "
+            "the copy's value on average: small updates show from the first step) or nearest (a weight moves once "
+            "its copy has moved half a bfloat16 unit, as under bfloat16 autocast)."
         },
     )
 

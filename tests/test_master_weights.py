@@ -76,7 +76,7 @@ def test_bfloat16_weights_lose_small_updates_and_master_weights_keep_them_exactl
 
     kept = bf16_parameters()
     optimizer = torch.optim.AdamW(kept, lr=LR)
-    copies = copies_of(MasterWeights(optimizer))
+    copies = copies_of(MasterWeights(optimizer, "nearest"))
     steps(optimizer, kept, 0, 20)
     reference, ref_optimizer = float32_reference(bf16_parameters(), 0, 20)
     for p, ref in zip(kept, reference):
@@ -94,12 +94,12 @@ def test_bfloat16_weights_lose_small_updates_and_master_weights_keep_them_exactl
 def test_master_weights_resume_from_a_checkpoint_in_float32():
     params = bf16_parameters()
     optimizer = torch.optim.AdamW(params, lr=LR)
-    copies = copies_of(MasterWeights(optimizer))
+    copies = copies_of(MasterWeights(optimizer, "nearest"))
     steps(optimizer, params, 0, 5)
     saved = checkpoint(params, optimizer)
     resumed = [torch.nn.Parameter(w) for w in saved["weights"]]
     again = torch.optim.AdamW(resumed, lr=LR)
-    resumed_copies = copies_of(MasterWeights(again))
+    resumed_copies = copies_of(MasterWeights(again, "nearest"))
     for p, q in zip(params, resumed):  # made from the rounded weights, before the state is loaded
         assert not torch.equal(resumed_copies[q], copies[p])
     again.load_state_dict(saved["optimizer"])
@@ -146,7 +146,7 @@ def test_stochastic_rounding_shows_small_updates_at_once_and_resumes_alike():
     nearest = bf16_parameters()
     start = [p.detach().clone() for p in nearest]
     optimizer = torch.optim.AdamW(nearest, lr=LR)
-    MasterWeights(optimizer)
+    MasterWeights(optimizer, "nearest")
     steps(optimizer, nearest, 0, 1)
     assert all(torch.equal(p.detach(), s) for p, s in zip(nearest, start))  # one update of 1e-5: rounded away
 
@@ -183,6 +183,7 @@ def test_full_finetuning_of_bfloat16_weights_gets_master_weights_by_default(tmp_
 
     full = recipe("--dtype", "bfloat16")
     assert full.values["master_weights"] is True
+    assert full.resolved()["master_weights_rounding"] == "stochastic"
     assert full.where("master_weights") == "hardware default (full fine-tuning of bfloat16 weights)"
     assert recipe("--dtype", "auto").values["master_weights"] is True
     assert load_recipe(None, ["--dtype", "bfloat16"], "sft", Hardware(gpu=False)).values["master_weights"] is True
@@ -209,7 +210,7 @@ def test_full_finetuning_of_bfloat16_weights_gets_master_weights_by_default(tmp_
 def test_a_bfloat16_grpo_run_steps_float32_copies_and_resumes_them(tmp_path, tiny_model_dir):
     from safetensors.torch import load_file
 
-    path = recipe_file(tmp_path, tiny_model_dir, "rl", "beta: 0.0\nmaster_weights_rounding: stochastic\n")
+    path = recipe_file(tmp_path, tiny_model_dir, "rl", "beta: 0.0\n")  # stochastic rounding, the default
     out = train(path, "rl", ["--dtype", "bfloat16"])
     assert "master_weights: true" in (out / "recipe.yaml").read_text()
     optimizer = torch.load(out / "checkpoint-2" / "optimizer.pt", weights_only=True)

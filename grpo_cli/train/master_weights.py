@@ -8,11 +8,11 @@ for that reason; without it, `MasterWeights` does the same for any torch optimiz
 (its state is then float32 too) and each result is rounded into the model's weights, which the forward, backward and
 the sampler keep using. The copies are part of the optimizer's state, so a checkpoint resumes them exactly.
 
-Rounding a copy to the nearest bfloat16 value hides its updates from the model until they add up to half a bfloat16
-unit of the weight: a weight that starts on the bfloat16 grid (a checkpoint stored in bfloat16) stays where it is for
-the first steps, as float32 weights under bfloat16 autocast do. Stochastic rounding (`rounding="stochastic"`) rounds
-up or down with the probabilities that keep the copy's value on average, so the model's weights follow their copies
-from the first step.
+Rounding a copy to the nearest bfloat16 value (`rounding="nearest"`) hides its updates from the model until they add
+up to half a bfloat16 unit of the weight: a weight that starts on the bfloat16 grid (a checkpoint stored in bfloat16)
+stays where it is for the first steps, as float32 weights under bfloat16 autocast do. Stochastic rounding (the
+default) rounds up or down with the probabilities that keep the copy's value on average, so the model's weights follow
+their copies from the first step.
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ class MasterWeights:
     The model's parameters keep their dtype and autograd identity, so DDP's gradient hooks stay as they were. Costs 4
     bytes a parameter for the copy, 4 more for the float32 optimizer state, and 2 during the step."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, rounding: str = "nearest", seed: int = 0):
-        """`rounding`: "nearest" or "stochastic" (from a generator seeded with `seed` and the optimizer's step, so
-        every process of a DDP run rounds alike and a resumed run as the uninterrupted one)."""
+    def __init__(self, optimizer: torch.optim.Optimizer, rounding: str = "stochastic", seed: int = 0):
+        """`rounding`: "stochastic" (from a generator seeded with `seed` and the optimizer's step, so
+        every process of a DDP run rounds alike and a resumed run as the uninterrupted one) or "nearest"."""
         if rounding not in ROUNDINGS:
             raise ValueError(f"rounding {rounding!r}: one of {', '.join(ROUNDINGS)}")
         self.optimizer = optimizer
@@ -114,7 +114,7 @@ class MasterWeightsSteps:
     copies of the model's bfloat16 weights (`MasterWeights`), rounded into them as `master_weights_rounding` says.
     Not for DeepSpeed, which keeps copies of its own, nor FSDP (the recipe check refuses both)."""
 
-    def __init__(self, *args, master_weights: bool = False, master_weights_rounding: str = "nearest", **kwargs):
+    def __init__(self, *args, master_weights: bool = False, master_weights_rounding: str = "stochastic", **kwargs):
         self.master_weights = master_weights
         self.master_weights_rounding = master_weights_rounding
         super().__init__(*args, **kwargs)
