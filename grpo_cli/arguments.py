@@ -168,6 +168,20 @@ class MemoryArguments:
 
 
 @dataclass
+class KernelArguments:
+    """Kernels grpo runs in the forward/backward pass in place of the libraries' own."""
+
+    fused_lora: bool = field(
+        default=False,
+        metadata={
+            "help": "Compute each LoRA layer's forward and backward in the base weights' dtype in a few fused "
+            "products (grpo_cli/engine/lora.py) instead of PEFT's forward, which casts every activation to the "
+            "adapters' float32 and back: the same layer in fewer kernels and less memory traffic."
+        },
+    )
+
+
+@dataclass
 class HealthArguments:
     """What a run does with non-finite numbers (NaN, inf) in a step, and with a step that never ends; the attention
     kernel known to make them; and the updates that bfloat16 weights would round away."""
@@ -260,6 +274,7 @@ OWN_ARGUMENTS = {
     "reward": RewardArguments,
     "tracking": TrackingArguments,
     "memory": MemoryArguments,
+    "kernels": KernelArguments,
     "health": HealthArguments,
     "sampling": SamplingArguments,
     "rollout": RolloutArguments,

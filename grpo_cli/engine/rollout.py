@@ -163,9 +163,9 @@ def _flash_decode(queries, keys, values, query_starts, key_starts, max_queries: 
     )[0]
 
 
-def _foldable_adapters(linear) -> list[str] | None:
-    """The active adapters of a PEFT LoRA layer whose update the decode steps fold (`_lora_factors`), or None where the
-    layer is something else: a plain or quantized linear, a merged or disabled adapter, DoRA or another variant, an
+def foldable_adapters(linear) -> list[str] | None:
+    """The active adapters of a PEFT LoRA layer whose update the fast paths compute (the decode steps' fold,
+    `lora_factors`; `fused_lora` in training), or None where the layer is something else: a plain or quantized linear, a merged or disabled adapter, DoRA or another variant, an
     adapter with a bias.
 
     The rollout samples from base + adapter as PEFT's forward computes it in eval mode: adapter dropout, a training
@@ -185,12 +185,12 @@ def _foldable_adapters(linear) -> list[str] | None:
     return adapters
 
 
-def _lora_factors(linear):
+def lora_factors(linear):
     """A foldable LoRA layer's base `nn.Linear` and its adapters' update as two factors (A: [rank, in], B: [out,
-    rank], the scaling folded into B; several adapters side by side); None where `_foldable_adapters` says no."""
+    rank], the scaling folded into B; several adapters side by side); None where `foldable_adapters` says no."""
     import torch
 
-    adapters = _foldable_adapters(linear)
+    adapters = foldable_adapters(linear)
     if adapters is None:
         return None
     a = torch.cat([linear.lora_A[name].weight for name in adapters])
@@ -205,7 +205,7 @@ def _whole_linear(linear):
 
     if type(linear) is torch.nn.Linear:
         return linear.weight, linear.bias
-    factors = _lora_factors(linear)
+    factors = lora_factors(linear)
     if factors is None:
         return None
     base, a, b = factors
@@ -215,11 +215,11 @@ def _whole_linear(linear):
 
 def _stackable_projections(attn):
     """The attention's q/k/v projections where they can be stacked into one matrix: plain `nn.Linear` layers or LoRA
-    layers over them (`_lora_factors`), all with a bias or all without (else None)."""
+    layers over them (`lora_factors`), all with a bias or all without (else None)."""
     import torch
 
     projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-    bases = [p.base_layer if _foldable_adapters(p) is not None else p for p in projections]
+    bases = [p.base_layer if foldable_adapters(p) is not None else p for p in projections]
     if any(type(p) is not torch.nn.Linear for p in bases) or len({p.bias is None for p in bases}) > 1:
         return None
     return bases
@@ -261,7 +261,7 @@ class _FoldedLoRA:
 def _decode_linear(linear):
     """What a decode step calls for one projection: `_FoldedLoRA` for a foldable LoRA layer, the module itself
     otherwise."""
-    factors = _lora_factors(linear)
+    factors = lora_factors(linear)
     return linear if factors is None else _FoldedLoRA(*factors)
 
 
@@ -272,7 +272,7 @@ def _folded_linears(layer):
     if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn")):
         return None
     linears = (layer.self_attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-    if all(_foldable_adapters(linear) is None for linear in linears):
+    if all(foldable_adapters(linear) is None for linear in linears):
         return None
     return tuple(_decode_linear(linear) for linear in linears)
 
@@ -300,12 +300,12 @@ def gathered_bytes(model) -> int:
 
 @contextmanager
 def _adapter_dropout_off(model):
-    """LoRA dropout off while sampling (`_foldable_adapters`), back as it was after, for the layers the decode steps fold:
+    """LoRA dropout off while sampling (`foldable_adapters`), back as it was after, for the layers the decode steps fold:
     the prefill runs their PEFT modules, which would apply it in training mode."""
     switched = [
         dropout
         for module in model.modules()
-        if _foldable_adapters(module) is not None
+        if foldable_adapters(module) is not None
         for dropout in module.lora_dropout.values()
         if dropout.training
     ]

@@ -354,6 +354,12 @@ def check_recipe(
             "`master_weights` is for a run without DeepSpeed or FSDP: DeepSpeed's optimizer keeps float32 copies of "
             "the weights itself, and FSDP shards them - drop `master_weights`",
         ))
+    if recipe.values.get("fused_lora") and not recipe.values.get("use_peft"):
+        found.append(Problem(
+            "fused_lora",
+            "`fused_lora` computes the LoRA layers of a run, and this run trains none (`use_peft` is off) - drop "
+            "`fused_lora`, or set `use_peft: true`",
+        ))
     if recipe.values.get("master_weights_rounding") == "stochastic" and not recipe.values.get("master_weights"):
         found.append(Problem(
             "master_weights_rounding",

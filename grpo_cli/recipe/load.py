@@ -23,6 +23,7 @@ import yaml
 
 from grpo_cli.arguments import (
     HealthArguments,
+    KernelArguments,
     MemoryArguments,
     RewardArguments,
     RolloutArguments,
@@ -111,6 +112,10 @@ class Recipe:
     @property
     def memory(self) -> MemoryArguments:
         return self._build(MemoryArguments)
+
+    @property
+    def kernels(self) -> KernelArguments:
+        return self._build(KernelArguments)
 
     @property
     def health(self) -> HealthArguments:

@@ -124,6 +124,7 @@ def read_live() -> dict:
             "task": own["task"],
             "hub": own["hub"],
             "tracking": own["tracking"],
+            "kernels": own["kernels"],
             "health": own["health"],
         }
         if command == "rl":

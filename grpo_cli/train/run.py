@@ -85,6 +85,10 @@ class TrainingRun:
         self.switches.enter_context(cudnn_attention(health.cudnn_attention))
         if recipe.command == "rl" and recipe.memory.lean_lm_head:
             self.switches.enter_context(lean_lm_head())  # for every GRPOTrainer of this process
+        if recipe.kernels.fused_lora:
+            from grpo_cli.engine.lora import fused_lora
+
+            self.switches.enter_context(fused_lora())  # for every PEFT LoRA layer of this process
         self.guard = None
         if health.nonfinite_guard:
             advice = stability_advice(recipe.resolved())
