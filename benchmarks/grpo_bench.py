@@ -122,6 +122,9 @@ CONFIGS = {
     "grpo-lora16-mb8": ("grpo", {"micro_batch": 8, "lora": LORA16}),  # TRL's micro-batch: its peak to compare
     # no recomputed forward: where the memory allows it (7B at 512 tokens: 54 GiB predicted in micro-batches of 4)
     "grpo-lora16-no-gc-mb4": ("grpo", {"micro_batch": 4, "lora": LORA16, "gradient_checkpointing": False}),
+    # the LoRA layers' forward/backward fused in the weights' dtype (`fused_lora`), at the recipe's and TRL's micro-batch
+    "grpo-lora16-fused": ("grpo", {"micro_batch": "recipe", "lora": LORA16, "fused_lora": True}),
+    "grpo-lora16-fused-mb8": ("grpo", {"micro_batch": 8, "lora": LORA16, "fused_lora": True}),
     # one process under configs/accelerate/zero2.yaml (DeepSpeed ZeRO-2: the weights whole), full fine-tuning
     "trl-zero2": ("trl", {"accelerate": "zero2"}),
     "grpo-zero2": ("grpo", {"micro_batch": "recipe", "accelerate": "zero2"}),
@@ -144,7 +147,7 @@ def master_weights_default(device: str, lora: bool, accelerate: str | None) -> b
 def baseline_of(config: str) -> str:
     """The plain TRL configuration a configuration's speedup is measured against: the same set-up (LoRA, ZeRO-3),
     else TRL's defaults."""
-    twin = "trl" + re.sub(r"-no-gc|-mb\d+$", "", config.removeprefix("grpo").removeprefix("trl"))
+    twin = "trl" + re.sub(r"-no-gc|-fused|-mb\d+$", "", config.removeprefix("grpo").removeprefix("trl"))
     return twin if twin in CONFIGS else "trl"
 
 
