@@ -317,8 +317,10 @@ def test_a_step_that_does_not_end_leaves_every_threads_stack(tmp_path, tiny_mode
     out = train(path, "rl", ["--max_steps", "1"])
     stacks = (out / "stall-stacks.txt").read_text()
     assert "no step has ended for 1 s since step 0; every thread's stack, most recent call last" in stacks
-    main_thread = stacks.split("(MainThread):\n", 1)[1].split("\nThread 0x", 1)[0]
-    assert "grpo_cli/rewards/isolated.py" in main_thread  # waiting for the reward's process to answer
+    # one of the writes (the first may come during a slow machine's generation) finds the main thread waiting for
+    # the reward's process to answer
+    main_threads = [part.split("\nThread 0x", 1)[0] for part in stacks.split("(MainThread):\n")[1:]]
+    assert any("grpo_cli/rewards/isolated.py" in main for main in main_threads), stacks
     assert f"every thread's stack is in {out / 'stall-stacks.txt'}" in capsys.readouterr().err.replace("\n", "")
     assert json.loads((out / "train_summary.json").read_text())["global_step"] == 1
 
