@@ -12,6 +12,7 @@ from grpo_cli.atomic import is_disk_full, json_text, readable_tree, replace_fold
 from grpo_cli.console import console, escape
 from grpo_cli.engine.attention import cudnn_attention
 from grpo_cli.engine.lm_head import lean_lm_head
+from grpo_cli.engine.lora import fused_lora
 from grpo_cli.errors import UserError
 from grpo_cli.launch import accelerate_config_from_env, is_main_process, process_rank, world_size
 from grpo_cli.models import gpu_problems, load_model, load_tokenizer, render_prompt
@@ -86,8 +87,6 @@ class TrainingRun:
         if recipe.command == "rl" and recipe.memory.lean_lm_head:
             self.switches.enter_context(lean_lm_head())  # for every GRPOTrainer of this process
         if recipe.kernels.fused_lora:
-            from grpo_cli.engine.lora import fused_lora
-
             self.switches.enter_context(fused_lora())  # for every PEFT LoRA layer of this process
         self.guard = None
         if health.nonfinite_guard:
