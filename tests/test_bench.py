@@ -264,3 +264,19 @@ def test_stabilitys_plain_run_replays_a_bad_step_and_names_the_attention_call(tm
         assert replays["attention eager"]["gradients"] is None and replays["attention eager"]["grad_norm"] is not None
     saved = torch.load(record.with_suffix(".attention.pt"), weights_only=False)
     assert saved["query"].shape[0] == 1 and saved["sequences"] == [0]
+
+
+def test_lora_layers_times_pefts_forward_and_the_fused_one(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "lora-layers.json"
+    command = [sys.executable, "benchmarks/lora_layers.py", "--shapes", "qwen2.5-0.5b", "--tokens", "32",
+               "--repeats", "1", "--out", str(out)]
+    subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
+    result = json.loads(out.read_text())
+    assert result["command"].startswith("python3 benchmarks/lora_layers.py --shapes qwen2.5-0.5b")
+    (entry,) = result["results"]
+    assert entry["shape"] == "qwen2.5-0.5b" and entry["tokens"] == 32
+    assert entry["peft_s"] > 0 and entry["fused_s"] > 0 and entry["speedup"] > 0
+    assert set(entry["peak_gib"]) == {"peft", "fused"}
