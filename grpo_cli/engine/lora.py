@@ -96,10 +96,8 @@ def fused_forward(layer, x, *args, **kwargs):
     mask = None
     if p > 0:
         mask = torch.empty(x.shape, dtype=torch.bool, device=x.device).bernoulli_(1.0 - p)
-    base = layer.base_layer
-    return LoRALinear.apply(
-        x, base.weight, base.bias, layer.lora_A[name].weight, layer.lora_B[name].weight, layer.scaling[name], mask, 1.0 - p
-    )
+    base, a, b = layer.base_layer, layer.lora_A[name].weight, layer.lora_B[name].weight
+    return LoRALinear.apply(x, base.weight, base.bias, a, b, layer.scaling[name], mask, 1.0 - p)
 
 
 @contextmanager

@@ -165,8 +165,8 @@ def _flash_decode(queries, keys, values, query_starts, key_starts, max_queries: 
 
 def foldable_adapters(linear) -> list[str] | None:
     """The active adapters of a PEFT LoRA layer whose update the fast paths compute (the decode steps' fold,
-    `lora_factors`; `fused_lora` in training), or None where the layer is something else: a plain or quantized linear, a merged or disabled adapter, DoRA or another variant, an
-    adapter with a bias.
+    `lora_factors`; `fused_lora` in training), or None where the layer is something else: a plain or quantized
+    linear, a merged or disabled adapter, DoRA or another variant, an adapter with a bias.
 
     The rollout samples from base + adapter as PEFT's forward computes it in eval mode: adapter dropout, a training
     regularizer of the update, is not applied while sampling (vLLM's LoRA serving does not apply it either)."""

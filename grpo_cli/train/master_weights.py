@@ -46,8 +46,8 @@ class MasterWeights:
     bytes a parameter for the copy, 4 more for the float32 optimizer state, and 2 during the step."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, rounding: str = "stochastic", seed: int = 0):
-        """`rounding`: "stochastic" (from a generator seeded with `seed` and the optimizer's step, so
-        every process of a DDP run rounds alike and a resumed run as the uninterrupted one) or "nearest"."""
+        """`rounding`: "stochastic" (from a generator seeded with `seed` and the optimizer's step, so every process
+        of a DDP run rounds alike and a resumed run as the uninterrupted one) or "nearest"."""
         if rounding not in ROUNDINGS:
             raise ValueError(f"rounding {rounding!r}: one of {', '.join(ROUNDINGS)}")
         self.optimizer = optimizer
