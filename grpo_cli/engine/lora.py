@@ -67,30 +67,27 @@ class LoRALinear(torch.autograd.Function):
         return grad_x, None, grad_bias, grad_a, grad_b, None, None, None
 
 
-def unfused_reason(layer) -> str | None:
-    """Why `fused_lora` leaves a foldable-looking LoRA layer to PEFT's forward (None: it computes it)."""
+def fusable_adapter(layer) -> tuple[str | None, str | None]:
+    """(the adapter, None) where `LoRALinear` computes this PEFT LoRA layer, else (None, why PEFT's forward must);
+    the reason is None for a merged or disabled adapter, whose forward is the base layer's alone."""
+    if layer.merged or layer.disable_adapters:
+        return None, None
     adapters = foldable_adapters(layer)
     if adapters is None:
-        return "DoRA, another LoRA variant, an adapter bias or a quantized base layer"
+        return None, "DoRA, another LoRA variant, an adapter bias or a quantized base layer"
     if len(adapters) > 1:
-        return "several adapters active at once"
+        return None, "several adapters active at once"
     name = adapters[0]
     weights = (layer.base_layer.weight, layer.lora_A[name].weight, layer.lora_B[name].weight)
     if any(hasattr(w, "ds_id") for w in weights):
-        return "DeepSpeed ZeRO-3 gathers the layer's weights module by module"
+        return None, "DeepSpeed ZeRO-3 gathers the layer's weights module by module"
     if layer.base_layer.weight.requires_grad:
-        return "the base weight trains too"
-    return None
+        return None, "the base weight trains too"
+    return name, None
 
 
-def fused_forward(layer, x, *args, **kwargs):
-    """A PEFT LoRA `Linear`'s forward through `LoRALinear` where `unfused_reason` finds none; None where it does (or
-    the call passes more than the input, or the adapter is merged or disabled): the caller runs PEFT's forward."""
-    if args or kwargs or getattr(layer, "merged", False) or getattr(layer, "disable_adapters", False):
-        return None
-    if unfused_reason(layer) is not None:
-        return None
-    name = foldable_adapters(layer)[0]
+def fused_forward(layer, x, name: str):
+    """A PEFT LoRA `Linear`'s forward through `LoRALinear`, for its adapter `name` (`fusable_adapter`)."""
     dropout = layer.lora_dropout[name]
     p = dropout.p if isinstance(dropout, torch.nn.Dropout) and dropout.training else 0.0
     mask = None
@@ -102,19 +99,19 @@ def fused_forward(layer, x, *args, **kwargs):
 
 @contextmanager
 def fused_lora():
-    """PEFT's LoRA `Linear` layers compute through `LoRALinear` while this lasts, where they can (`unfused_reason`);
-    the first layer left to PEFT's forward for a reason is said once, with the reason."""
+    """PEFT's LoRA `Linear` layers compute through `LoRALinear` while this lasts, where they can (`fusable_adapter`;
+    a call with more than the input goes to PEFT); the first layer left to PEFT's forward for a reason is said once,
+    with the reason."""
     from peft.tuners.lora import layer as lora_layer
 
     original = lora_layer.Linear.forward
     said = SayOnce()
 
     def forward(self, x, *args, **kwargs):
-        if type(self) is lora_layer.Linear:
-            out = fused_forward(self, x, *args, **kwargs)
-            if out is not None:
-                return out
-            reason = None if args or kwargs or self.merged or self.disable_adapters else unfused_reason(self)
+        if type(self) is lora_layer.Linear and not args and not kwargs:
+            name, reason = fusable_adapter(self)
+            if name is not None:
+                return fused_forward(self, x, name)
             if reason:
                 said.warning(logger, "unfused", "fused_lora: some LoRA layers run PEFT's own forward (%s)", reason)
         return original(self, x, *args, **kwargs)
