@@ -447,6 +447,9 @@ def run_grpo(spec: dict, output_dir: Path) -> None:
         "dataset_seed": 0,
         "reward_funcs": spec["rewards"],
         "output_dir": str(output_dir),
+        # TRL's work: random weights score every completion 0, and grpo would leave all of them (zero advantage) out
+        # of the forward/backward
+        "skip_zero_advantage": False,
         **_shared_keys(spec),
         **spec["overrides"],
     }

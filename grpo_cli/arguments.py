@@ -252,6 +252,16 @@ class SamplingArguments:
             "with dropped groups (said once on the console)."
         },
     )
+    skip_zero_advantage: bool = field(
+        default=True,
+        metadata={
+            "help": "Leave the completions whose advantage is zero (every completion of their prompt got the same "
+            "reward) out of the loss's forward and backward: without a KL penalty (beta 0), an entropy bonus or the "
+            "top-entropy mask they add no gradient, and the loss is scaled so the update is the same. TRL's entropy "
+            "and clip ratios are then measured on the completions trained; `frac_rows_skipped` logs the share left "
+            "out. Where a setting gives them a gradient, every completion is trained, said once."
+        },
+    )
 
 
 @dataclass

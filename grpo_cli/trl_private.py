@@ -13,6 +13,23 @@ from __future__ import annotations
 # The TRL releases these names were checked against: pyproject.toml pins the same range.
 TESTED_TRL = ">=1.16,<1.17"
 
+# ------------------------------------------------------------------------------------------------ a scored batch
+
+# The tensors of GRPOTrainer's scored batch (what `_generate_and_score_completions` returns and each micro-batch is a
+# slice of), a row per completion, by how each is padded: the prompt's on the left and the completion's on the right,
+# with this value (None: the tokenizer's pad token); and those with one value per row.
+PROMPT_COLUMNS = {"prompt_ids": None, "prompt_mask": 0}
+COMPLETION_COLUMNS = {
+    "completion_ids": None,
+    "completion_mask": 0,
+    "old_per_token_logps": 0.0,
+    "ref_per_token_logps": 0.0,
+    "sampling_per_token_logps": 0.0,
+    "importance_sampling_ratio": 1.0,  # a padded token's ratio is exp(0)
+    "tool_mask": 1,
+}
+ROW_COLUMNS = ("advantages",)
+
 # ------------------------------------------------------------------------------------------------ trainer state
 
 

@@ -20,20 +20,16 @@ from grpo_cli.arguments import SamplingArguments
 from grpo_cli.console import console
 from grpo_cli.errors import UserError
 from grpo_cli.once import SayOnce
-from grpo_cli.trl_private import logs_of, metrics_of, prepared_micro_batches, text_tokenizer, training_columns
-
-# How each tensor of a scored batch is padded when groups of several batches are put together.
-LEFT_PADDED = {"prompt_ids": None, "prompt_mask": 0}  # None: the tokenizer's pad token
-RIGHT_PADDED = {
-    "completion_ids": None,
-    "completion_mask": 0,
-    "old_per_token_logps": 0.0,
-    "ref_per_token_logps": 0.0,
-    "sampling_per_token_logps": 0.0,
-    "importance_sampling_ratio": 1.0,  # a padded token's ratio is exp(0)
-    "tool_mask": 1,
-}
-ONE_PER_ROW = ("advantages",)
+from grpo_cli.trl_private import (
+    COMPLETION_COLUMNS,
+    PROMPT_COLUMNS,
+    ROW_COLUMNS,
+    logs_of,
+    metrics_of,
+    prepared_micro_batches,
+    text_tokenizer,
+    training_columns,
+)
 
 
 def flat_groups(rewards_per_func, weights, num_generations: int, aggregation: str) -> list[bool]:
@@ -133,7 +129,7 @@ def merge(batches: list[dict], picks: list[tuple[int, int]], num_generations: in
         if list(batch) != keys:
             raise ValueError(f"scored batches hold different keys: {keys} and {list(batch)}")
     for key in keys:
-        if key not in LEFT_PADDED and key not in RIGHT_PADDED and key not in ONE_PER_ROW and key != "num_items_in_batch":
+        if key not in PROMPT_COLUMNS and key not in COMPLETION_COLUMNS and key not in ROW_COLUMNS and key != "num_items_in_batch":
             raise UserError(
                 f"`dynamic_sampling` works on text prompts: the scored batch also holds `{key}` (images or other "
                 "inputs) - set `dynamic_sampling: false`"
@@ -154,11 +150,11 @@ def merge(batches: list[dict], picks: list[tuple[int, int]], num_generations: in
             merged[key] = None
             continue
         parts = [rows(batches[k][key], j) for k, j in picks]
-        if key in LEFT_PADDED:
-            pad = LEFT_PADDED[key]
+        if key in PROMPT_COLUMNS:
+            pad = PROMPT_COLUMNS[key]
             parts = [_fit(part, widths["prompt"], pad_token_id if pad is None else pad, left=True) for part in parts]
-        elif key in RIGHT_PADDED and key not in per_sequence:
-            pad = RIGHT_PADDED[key]
+        elif key in COMPLETION_COLUMNS and key not in per_sequence:
+            pad = COMPLETION_COLUMNS[key]
             parts = [_fit(part, widths["completion"], pad_token_id if pad is None else pad, left=False) for part in parts]
         merged[key] = torch.cat(parts, dim=0)
     return merged

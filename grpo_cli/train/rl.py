@@ -6,6 +6,7 @@ Read top to bottom: check, load tokenizer, data and model, build the trainer, tr
 from __future__ import annotations
 
 import json
+import logging
 import os
 import warnings
 from collections.abc import Callable
@@ -25,15 +26,19 @@ from grpo_cli.train.master_weights import MasterWeightsSteps
 from grpo_cli.train.memory_fixes import explains_out_of_memory
 from grpo_cli.train.rollout_func import static_rollout
 from grpo_cli.train.run import TrainingRun
-from grpo_cli.trl_private import BatchSteps, logs_of
+from grpo_cli.train.zero_advantage import cannot_skip, kept_rows
+from grpo_cli.trl_private import BatchSteps, logs_of, metrics_of
+
+logger = logging.getLogger("grpo_cli.train.rl")
 
 
 class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
     """GRPOTrainer that hands each scored training batch to its `after_scoring` hooks
     (`grpo_cli.train.batch_hooks`: solved groups, the step guard's checks, the rollouts file), stops the run when a
     rollout's probabilities are not finite, and with a `dynamic_sampler` trains only on groups whose completions got
-    different rewards (`grpo_cli.train.dynamic_sampling`). It takes over TRL's steps of a generation
-    batch through `BatchSteps` (grpo_cli/trl_private.py), under names of our own."""
+    different rewards (`grpo_cli.train.dynamic_sampling`); with `skip_zero_advantage` its micro-batches leave the
+    completions whose advantage is zero out of the forward and backward (`grpo_cli.train.zero_advantage`). It takes
+    over TRL's steps of a generation batch through `BatchSteps` (grpo_cli/trl_private.py), under names of our own."""
 
     last_rewards = None  # the latest scored batch's rewards, gathered from every process: a column per reward
 
@@ -42,15 +47,31 @@ class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
         *args,
         dynamic_sampler: DynamicSampler | None = None,
         after_scoring: list[Callable] | None = None,
+        skip_zero_advantage: bool = False,
         **kwargs,
     ):
         """GRPOTrainer's arguments (and GuardedSteps' `step_guard`, MasterWeightsSteps' `master_weights`), and:
         `dynamic_sampler`, the recipe's dynamic sampling (None: off); `after_scoring`, what to do with each scored
-        training batch, in order (`grpo_cli.train.batch_hooks`)."""
+        training batch, in order (`grpo_cli.train.batch_hooks`); `skip_zero_advantage`, leave zero-advantage
+        completions out of the forward and backward where they have no gradient (said once where they have one)."""
         # set first: GRPOTrainer's constructor may already call into the methods that read them
         self.dynamic_sampler = dynamic_sampler
         self.after_scoring = list(after_scoring or [])
+        self.skip_zero_advantage = False
         super().__init__(*args, **kwargs)
+        reason = cannot_skip(self) if skip_zero_advantage else None
+        if reason:
+            logger.warning("skip_zero_advantage: every completion goes through the forward and backward (%s)", reason)
+        self.skip_zero_advantage = skip_zero_advantage and reason is None
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if not (self.skip_zero_advantage and self.model.training):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        rows = inputs["advantages"].size(0)
+        inputs, scale, skipped = kept_rows(inputs, self.loss_type, self.pad_to_multiple_of)
+        metrics_of(self)["frac_rows_skipped"].append(skipped / rows)
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        return loss if scale == 1.0 else loss * scale
 
     def generate_and_score(self, inputs):
         output = self._score(inputs)
@@ -126,6 +147,7 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
                 rollout_func=static_rollout(run.args, recipe.rollout.rollout_engine, model),  # None: TRL's own generation
                 dynamic_sampler=DynamicSampler(recipe.sampling) if recipe.sampling.dynamic_sampling else None,
                 after_scoring=after_scoring,
+                skip_zero_advantage=recipe.sampling.skip_zero_advantage,
                 step_guard=run.guard,
                 master_weights=recipe.health.master_weights,
                 master_weights_rounding=recipe.health.master_weights_rounding,

@@ -1,0 +1,95 @@
+"""Completions whose advantage is zero, left out of the loss's forward and backward (`skip_zero_advantage`).
+
+A completion's advantage is zero when every completion of its prompt got the same reward: all solved, or, early in
+a hard task, all failed. Each of TRL's loss types multiplies the advantage, so such a completion adds nothing to the
+policy gradient, unless the loss has a term of its own for every token: a KL penalty (`beta` not 0), an entropy
+bonus, the top-entropy mask (taken over the whole micro-batch), or a mixture-of-experts router loss. Its forward and
+backward are then wasted work: often half of a step's completions once a model solves half of its prompts, and
+most of them while it solves none.
+
+Each micro-batch keeps its rows whose advantage is not zero, cut to the prompt and completion columns they use, and
+its loss is scaled by the kept rows' share of the loss type's normalizer (rows for `grpo`, `dr_grpo`, `sapo` and
+`luspo`, tokens for `bnpo`; `dapo`, `cispo` and `vespo` divide by the whole batch's tokens already), so the
+gradient is the one over all rows. A micro-batch with no such row keeps its shortest one: every micro-batch still
+runs one forward and backward, which gradient accumulation under DDP and DeepSpeed counts on, and every optimizer
+step has gradients (zero where nothing was learned, as without the skip). The entropy and clip ratios TRL logs are
+then measured on the rows trained; `zero_advantage_skipped` logs the share of rows left out.
+"""
+
+from __future__ import annotations
+
+from grpo_cli.trl_private import COMPLETION_COLUMNS, PROMPT_COLUMNS
+
+# What each loss type of TRL's divides a micro-batch's summed token losses by: "rows" (its row count), "tokens" (its
+# completion tokens), or None (the whole generation batch's tokens, the same for every micro-batch).
+NORMALIZER = {
+    "grpo": "rows",
+    "sapo": "rows",
+    "luspo": "rows",
+    "dr_grpo": "rows",
+    "bnpo": "tokens",
+    "dapo": None,
+    "cispo": None,
+    "vespo": None,
+}
+# Inputs of vision-language models: their rows are not the batch's rows.
+IMAGE_INPUTS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "image_sizes")
+
+
+def cannot_skip(trainer) -> str | None:
+    """Why zero-advantage rows must be trained by this GRPO trainer (they have a gradient, or the batch has rows of
+    another kind), or None: they can be left out."""
+    if trainer.beta != 0.0:
+        return f"beta is {trainer.beta}: the KL penalty gives every completion a gradient"
+    if trainer.args.entropy_coef != 0.0 or trainer.args.use_adaptive_entropy:
+        return "the entropy bonus (entropy_coef) gives every completion a gradient"
+    if trainer.top_entropy_quantile < 1.0:
+        return "top_entropy_quantile is below 1: its mask is taken over every completion of the micro-batch"
+    if getattr(trainer, "aux_loss_enabled", False):
+        return "the model's router loss takes every token"
+    if trainer.loss_type not in NORMALIZER:
+        return f"loss_type {trainer.loss_type!r} is not one of {', '.join(NORMALIZER)}"
+    return None
+
+
+def kept_rows(inputs: dict, loss_type: str, pad_to_multiple_of: int | None = None) -> tuple[dict, float, int]:
+    """A training micro-batch's `inputs` (GRPOTrainer's tensors) without its zero-advantage rows, the factor its
+    loss is scaled by, and how many rows were left out; `inputs` itself when none is."""
+    import torch
+
+    advantages = inputs["advantages"]
+    nonzero = advantages != 0 if advantages.dim() == 1 else (advantages != 0).any(dim=1)
+    rows = nonzero.numel()
+    keep = nonzero.nonzero().squeeze(1)
+    completion_mask = inputs["completion_mask"]
+    if keep.numel() == rows or any(inputs.get(key) is not None for key in IMAGE_INPUTS):
+        return inputs, 1.0, 0
+    if keep.numel() == 0:  # one row still runs a forward and backward: the shortest
+        keep = completion_mask.sum(dim=1).argmin().reshape(1)
+    mask = completion_mask * inputs["tool_mask"] if "tool_mask" in inputs else completion_mask
+
+    def width(used) -> int:  # columns a row uses, rounded up as TRL pads
+        used = max(1, int(used))
+        return -(-used // pad_to_multiple_of) * pad_to_multiple_of if pad_to_multiple_of else used
+
+    completion_width = width(completion_mask[keep].sum(dim=1).max())
+    prompt_width = width(inputs["prompt_mask"][keep].sum(dim=1).max())
+    kept = {}
+    for key, value in inputs.items():
+        if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.size(0) != rows:
+            kept[key] = value  # num_items_in_batch and what is not one value per row
+            continue
+        value = value[keep]
+        if key in PROMPT_COLUMNS and value.size(1) > prompt_width:  # padded on the left
+            value = value[:, value.size(1) - prompt_width :]
+        elif key in COMPLETION_COLUMNS and value.dim() == 2 and value.size(1) > completion_width:
+            value = value[:, :completion_width]  # padded on the right
+        kept[key] = value
+    share = NORMALIZER[loss_type]
+    if share == "rows":
+        scale = keep.numel() / rows
+    elif share == "tokens":  # TRL's bnpo divides by the tokens it sees, at least one
+        scale = float(mask[keep].sum().clamp(min=1.0) / mask.sum().clamp(min=1.0))
+    else:
+        scale = 1.0
+    return kept, scale, rows - keep.numel()
