@@ -66,6 +66,23 @@ def test_offloading_under_lora_gives_the_same_adapter_gradients(reentrant):
         assert torch.equal(moved[name], plain[name]), name
 
 
+def test_micro_batches_that_grow_and_shrink_keep_one_buffer_per_layer():
+    """Micro-batches of other sizes (padded lengths, rows left out by `skip_zero_advantage`): a larger layer input
+    takes the place of a buffer too small, so the buffers held stay one per layer in flight."""
+    import torch
+
+    model = tiny_model("qwen2", num_hidden_layers=3, hidden_size=256).train()
+    model.gradient_checkpointing_enable({"use_reentrant": False})
+    offload = LayerInputOffload(model, min_bytes=0)
+    for rows in (1, 4, 2, 7, 1, 7):  # a row's layer input: 512 x 256 float32 numbers, 0.5 MiB
+        input_ids = torch.randint(0, 300, (rows, 512), generator=torch.Generator().manual_seed(rows))
+        model.zero_grad(set_to_none=True)
+        model(input_ids=input_ids, labels=input_ids).loss.backward()
+        assert offload.buffers - offload.released == len(offload._free) == 3, rows
+    # buffers of 1, 3 and 4 MiB: new ones for 1, 4 and 7 rows, each set letting the one before go
+    assert offload.offloaded == 6 * 3 and offload.buffers == 3 * 3 and offload.released == 3 * 2
+
+
 def test_nothing_moves_without_checkpointing_or_gradients():
     import torch
 

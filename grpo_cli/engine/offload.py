@@ -37,6 +37,7 @@ class LayerInputOffload:
         self.min_bytes = min_bytes
         self.offloaded = 0  # tensors moved so far; each one's index in pack order
         self.buffers = 0  # CPU buffers allocated so far (each serves many micro-batches)
+        self.released = 0  # of them, those let go for a larger one (micro-batches grow as well as shrink)
         self._free: list[torch.Tensor] = []
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._active = False
@@ -98,11 +99,15 @@ class LayerInputOffload:
 
     def _buffer(self, nbytes: int, pinned: bool) -> torch.Tensor:
         """A free CPU buffer of at least `nbytes`: the smallest that fits, else a new one with room to spare (the
-        layer inputs of the next micro-batch differ by their padded length). Pinned buffers are kept for the life
-        of the run: allocating and freeing pinned memory synchronizes with the GPU and takes milliseconds."""
+        layer inputs of the next micro-batch differ by their padded length and, with `skip_zero_advantage`, by their
+        rows). Pinned buffers are kept until a larger one replaces them: allocating and freeing pinned memory
+        synchronizes with the GPU and takes milliseconds."""
         fits = [i for i, buffer in enumerate(self._free) if buffer.numel() >= nbytes]
         if fits:
             return self._free.pop(min(fits, key=lambda i: self._free[i].numel()))
+        if self._free:  # the new one takes the place of the largest too small, so they do not pile up
+            self._free.remove(max(self._free, key=lambda buffer: buffer.numel()))
+            self.released += 1
         self.buffers += 1
         size = -(-nbytes * 9 // 8 // BUFFER_ALIGN) * BUFFER_ALIGN
         return torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
