@@ -435,6 +435,29 @@ def test_the_plan_says_what_samples_the_rollouts_and_why_not_grpos_sampler(tmp_p
     assert "TRL's generate: ds3_gather_for_generation is false" in line and "recipe.yaml:2" in line
 
 
+def test_the_plan_says_whether_zero_advantage_completions_are_trained_and_why(tmp_path):
+    from grpo_cli.recipe.check import zero_advantage_line
+    from grpo_cli.recipe.hardware import LOSS_TYPES_PER_COMPLETION
+    from grpo_cli.train.zero_advantage import NORMALIZER
+
+    assert set(LOSS_TYPES_PER_COMPLETION) == set(NORMALIZER)  # each one's normalizer is known
+    on = {"skip_zero_advantage": True, "beta": 0.0, "loss_type": "dapo"}
+    assert zero_advantage_line(on) == "left out of the forward/backward (no gradient)"
+    assert zero_advantage_line({**on, "skip_zero_advantage": False}) == "trained (skip_zero_advantage: false)"
+    assert zero_advantage_line({**on, "beta": 0.04}).startswith("trained: beta is 0.04: the KL penalty")
+    assert "entropy bonus" in zero_advantage_line({**on, "entropy_coef": 0.01})
+    assert "top_entropy_quantile" in zero_advantage_line({**on, "top_entropy_quantile": 0.2})
+
+    path = write(tmp_path, "model_name_or_path: m\nbeta: 0.04\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "grpo_cli", "check", "-c", str(path)],
+        capture_output=True, text=True, check=False, env={**os.environ, "COLUMNS": "250"},
+    )
+    assert run.returncode == 0, run.stderr
+    line = next(line for line in run.stdout.splitlines() if "│ zero-advantage completions" in line)
+    assert "trained: beta is 0.04: the KL penalty gives every completion a gradient" in line and "recipe.yaml:2" in line
+
+
 NULL_KEYS = (
     "learning_rate", "per_device_train_batch_size", "num_generations", "task", "dataset_generate",
     "gradient_accumulation_steps", "max_steps", "seed", "temperature", "output_dir", "max_completion_length",

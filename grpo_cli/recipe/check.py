@@ -12,7 +12,7 @@ from pathlib import Path
 from grpo_cli.arguments import TrackingArguments
 from grpo_cli.errors import UserError
 from grpo_cli.problems import Problem, listing
-from grpo_cli.recipe.hardware import generation_batch, rollout_fallback
+from grpo_cli.recipe.hardware import generation_batch, rollout_fallback, zero_advantage_trained
 from grpo_cli.recipe.load import Recipe
 
 
@@ -399,6 +399,7 @@ ROW_KEYS = {
     "generations": ("num_generations", "max_completion_length"),
     "rollouts": ("rollout_engine",),
     "algorithm": ("loss_type", "beta", "learning_rate", "lr_scheduler_type"),
+    "zero-advantage completions": ("skip_zero_advantage", "beta", "loss_type"),
     "dynamic sampling": ("dynamic_sampling", "dynamic_sampling_max_rounds"),
     "sequence length": ("max_length",),
     "steps": ("max_steps", "num_train_epochs"),
@@ -424,6 +425,14 @@ def sources(recipe: Recipe, keys: tuple[str, ...]) -> str:
 
 def _shown(value) -> str:
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def zero_advantage_line(values: dict) -> str:
+    """What the run does with completions whose advantage is zero, in one line."""
+    if not values.get("skip_zero_advantage"):
+        return "trained (skip_zero_advantage: false)"
+    reason = zero_advantage_trained(values)
+    return f"trained: {reason}" if reason else "left out of the forward/backward (no gradient)"
 
 
 def rollout_path(values: dict, accelerate_config: dict | None) -> str:
@@ -496,6 +505,7 @@ def build_plan(recipe: Recipe, num_processes: int, accelerate_config: dict | Non
              + f"{v.get('max_completion_length')} tokens"),
             ("rollouts", rollout_path(v, accelerate_config)),
             ("algorithm", f"loss {v.get('loss_type')}, beta {v.get('beta')}, lr {lr}"),
+            ("zero-advantage completions", zero_advantage_line(v)),
         ]
         if v.get("dynamic_sampling"):
             rounds = v.get("dynamic_sampling_max_rounds")

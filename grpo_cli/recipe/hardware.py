@@ -116,6 +116,26 @@ def rollout_fallback(values: dict, sharding: str | None) -> str | None:
     return None
 
 
+def zero_advantage_trained(values: dict) -> str | None:
+    """Why a run's completions whose advantage is zero have a gradient and are trained (`skip_zero_advantage`,
+    grpo_cli/train/zero_advantage.py), from its keys; None where they have none and are left out of the
+    forward/backward. A model with a router loss (mixtures of experts) is known once it is loaded."""
+    if values.get("beta"):
+        return f"beta is {values['beta']:g}: the KL penalty gives every completion a gradient"
+    if values.get("entropy_coef") or values.get("use_adaptive_entropy"):
+        return "the entropy bonus (entropy_coef) gives every completion a gradient"
+    if values.get("top_entropy_quantile", 1.0) < 1.0:
+        return "top_entropy_quantile is below 1: its mask is taken over every completion of the micro-batch"
+    if values.get("loss_type") not in LOSS_TYPES_PER_COMPLETION:
+        return f"loss_type {values.get('loss_type')!r} is not one of {', '.join(LOSS_TYPES_PER_COMPLETION)}"
+    return None
+
+
+# TRL's loss types whose loss is a sum of one term per completion times its advantage, over a normalizer
+# grpo_cli/train/zero_advantage.py knows.
+LOSS_TYPES_PER_COMPLETION = ("grpo", "sapo", "luspo", "dr_grpo", "bnpo", "dapo", "cispo", "vespo")
+
+
 def hardware_defaults(
     command: str, values: dict, hardware: Hardware, env: dict | None = None
 ) -> tuple[dict[str, tuple[Any, str]], list[str]]:

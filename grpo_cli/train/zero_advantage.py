@@ -18,6 +18,7 @@ then measured on the rows trained; `zero_advantage_skipped` logs the share of ro
 
 from __future__ import annotations
 
+from grpo_cli.recipe.hardware import zero_advantage_trained
 from grpo_cli.trl_private import COMPLETION_COLUMNS, PROMPT_COLUMNS
 
 # What each loss type of TRL's divides a micro-batch's summed token losses by: "rows" (its row count), "tokens" (its
@@ -37,19 +38,11 @@ IMAGE_INPUTS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention
 
 
 def cannot_skip(trainer) -> str | None:
-    """Why zero-advantage rows must be trained by this GRPO trainer (they have a gradient, or the batch has rows of
-    another kind), or None: they can be left out."""
-    if trainer.beta != 0.0:
-        return f"beta is {trainer.beta}: the KL penalty gives every completion a gradient"
-    if trainer.args.entropy_coef != 0.0 or trainer.args.use_adaptive_entropy:
-        return "the entropy bonus (entropy_coef) gives every completion a gradient"
-    if trainer.top_entropy_quantile < 1.0:
-        return "top_entropy_quantile is below 1: its mask is taken over every completion of the micro-batch"
+    """Why zero-advantage completions have a gradient under this GRPO trainer and must be trained, or None: they can
+    be left out."""
     if getattr(trainer, "aux_loss_enabled", False):
         return "the model's router loss takes every token"
-    if trainer.loss_type not in NORMALIZER:
-        return f"loss_type {trainer.loss_type!r} is not one of {', '.join(NORMALIZER)}"
-    return None
+    return zero_advantage_trained(vars(trainer.args))
 
 
 def kept_rows(inputs: dict, loss_type: str, pad_to_multiple_of: int | None = None) -> tuple[dict, float, int]:
