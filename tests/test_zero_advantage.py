@@ -10,6 +10,7 @@ import pytest
 import torch
 from test_dynamic_sampling import history, recipe, train
 
+from grpo_cli.train.progress import metrics_line
 from grpo_cli.train.zero_advantage import NORMALIZER, cannot_skip, kept_rows
 
 
@@ -115,6 +116,7 @@ def test_a_run_leaves_flat_groups_out_and_learns_as_without(tmp_path, tiny_model
     for logged, share in zip([e["frac_rows_skipped"] for e in on_logs], flat_rows):
         assert logged == pytest.approx(share - (1 / 8 if share == 1 else 0))
     assert not any("frac_rows_skipped" in e for e in off_logs)
+    assert f"skipped {on_logs[0]['frac_rows_skipped']:.2f}" in metrics_line(1, 3, on_logs[0])
 
 
 @pytest.mark.slow

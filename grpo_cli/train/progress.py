@@ -110,6 +110,7 @@ def metrics_line(
             ("len", "completions/mean_length", "{:>3.0f}"),
             ("clip", "completions/clipped_ratio", "{:.2f}"),
             ("dropped", "dynamic_sampling/dropped_share", "{:.2f}"),
+            ("skipped", "frac_rows_skipped", "{:.2f}"),
         ):
             if (value := _get(logs, key)) is not None:
                 parts.append(f"{label} {fmt.format(value)}")
