@@ -442,9 +442,9 @@ def test_the_plan_says_whether_zero_advantage_completions_are_trained_and_why(tm
 
     assert set(LOSS_TYPES_PER_COMPLETION) == set(NORMALIZER)  # each one's normalizer is known
     on = {"skip_zero_advantage": True, "beta": 0.0, "loss_type": "dapo"}
-    assert zero_advantage_line(on) == "left out of the forward/backward (no gradient)"
-    assert zero_advantage_line({**on, "skip_zero_advantage": False}) == "trained (skip_zero_advantage: false)"
-    assert zero_advantage_line({**on, "beta": 0.04}).startswith("trained: beta is 0.04: the KL penalty")
+    assert zero_advantage_line(on) == "completions left out of the forward/backward"
+    assert zero_advantage_line({**on, "skip_zero_advantage": False}) == "completions trained (skip_zero_advantage: false)"
+    assert zero_advantage_line({**on, "beta": 0.04}).startswith("completions trained: beta is 0.04: the KL penalty")
     assert "entropy bonus" in zero_advantage_line({**on, "entropy_coef": 0.01})
     assert "top_entropy_quantile" in zero_advantage_line({**on, "top_entropy_quantile": 0.2})
 
@@ -454,8 +454,8 @@ def test_the_plan_says_whether_zero_advantage_completions_are_trained_and_why(tm
         capture_output=True, text=True, check=False, env={**os.environ, "COLUMNS": "250"},
     )
     assert run.returncode == 0, run.stderr
-    line = next(line for line in run.stdout.splitlines() if "│ zero-advantage completions" in line)
-    assert "trained: beta is 0.04: the KL penalty gives every completion a gradient" in line and "recipe.yaml:2" in line
+    line = next(line for line in run.stdout.splitlines() if "│ zero advantage" in line)
+    assert "completions trained: beta is 0.04: the KL penalty gives every completion a gradient" in line and "recipe.yaml:2" in line
 
 
 NULL_KEYS = (

@@ -3,7 +3,8 @@
     python3 benchmarks/distributed/tracking.py --runs /tmp/plain /tmp/zero3 --names plain zero3 --out tracking.json
 
 Reads each run folder's `train_summary.json` (its log history) and `rollouts.jsonl`, and writes one JSON: per step
-each run's mean reward, per reward function and overall, and step time; the steps whose rollouts were the same
+each run's mean reward, per reward function and overall, step time, loss, gradient norm and share of completions
+left out of the forward/backward (`frac_rows_skipped`, where logged); the steps whose rollouts were the same
 completions; the difference of the runs' mean rewards over windows of steps (the noise of one step's mean over a
 few dozen completions is large: windows say whether the curves track); the non-finite steps of each run.
 """
@@ -38,6 +39,7 @@ def run_log(folder: Path) -> dict:
                 "reward": entry["reward"],
                 **{k.split("/")[1]: v for k, v in entry.items() if k.startswith("rewards/") and k.endswith("/mean")},
                 "step_time": entry.get("step_time"),
+                **{k: entry[k] for k in ("loss", "grad_norm", "frac_rows_skipped") if k in entry},
             }
             for entry in steps
         ],

@@ -399,7 +399,7 @@ ROW_KEYS = {
     "generations": ("num_generations", "max_completion_length"),
     "rollouts": ("rollout_engine",),
     "algorithm": ("loss_type", "beta", "learning_rate", "lr_scheduler_type"),
-    "zero-advantage completions": ("skip_zero_advantage", "beta", "loss_type"),
+    "zero advantage": ("skip_zero_advantage", "beta", "loss_type"),
     "dynamic sampling": ("dynamic_sampling", "dynamic_sampling_max_rounds"),
     "sequence length": ("max_length",),
     "steps": ("max_steps", "num_train_epochs"),
@@ -430,9 +430,9 @@ def _shown(value) -> str:
 def zero_advantage_line(values: dict) -> str:
     """What the run does with completions whose advantage is zero, in one line."""
     if not values.get("skip_zero_advantage"):
-        return "trained (skip_zero_advantage: false)"
+        return "completions trained (skip_zero_advantage: false)"
     reason = zero_advantage_trained(values)
-    return f"trained: {reason}" if reason else "left out of the forward/backward (no gradient)"
+    return f"completions trained: {reason}" if reason else "completions left out of the forward/backward"
 
 
 def rollout_path(values: dict, accelerate_config: dict | None) -> str:
@@ -505,7 +505,7 @@ def build_plan(recipe: Recipe, num_processes: int, accelerate_config: dict | Non
              + f"{v.get('max_completion_length')} tokens"),
             ("rollouts", rollout_path(v, accelerate_config)),
             ("algorithm", f"loss {v.get('loss_type')}, beta {v.get('beta')}, lr {lr}"),
-            ("zero-advantage completions", zero_advantage_line(v)),
+            ("zero advantage", zero_advantage_line(v)),
         ]
         if v.get("dynamic_sampling"):
             rounds = v.get("dynamic_sampling_max_rounds")
