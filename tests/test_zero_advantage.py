@@ -80,6 +80,9 @@ def test_a_micro_batch_without_signal_trains_its_shortest_row_to_zero_gradients(
     # with signal in every row, the batch is handed on as it is
     every = micro_batch(trainer.model.config.vocab_size, [1.0, -1.0], seed=4)
     assert kept_rows(every, "dapo") == (every, 1.0, 0)
+    # a vision-language model's batch (its image inputs are not one per row) is trained whole
+    with_images = {**inputs, "pixel_values": torch.zeros(3, 8)}
+    assert kept_rows(with_images, "dapo") == (with_images, 1.0, 0)
 
 
 @pytest.mark.parametrize(

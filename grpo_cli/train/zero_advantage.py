@@ -13,7 +13,7 @@ its loss is scaled by the kept rows' share of the loss type's normalizer (rows f
 gradient is the one over all rows. A micro-batch with no such row keeps its shortest one: every micro-batch still
 runs one forward and backward, which gradient accumulation under DDP and DeepSpeed counts on, and every optimizer
 step has gradients (zero where nothing was learned, as without the skip). The entropy and clip ratios TRL logs are
-then measured on the rows trained; `zero_advantage_skipped` logs the share of rows left out.
+then measured on the rows trained; `frac_rows_skipped` logs the share of rows left out.
 """
 
 from __future__ import annotations
@@ -33,8 +33,12 @@ NORMALIZER = {
     "cispo": None,
     "vespo": None,
 }
-# Inputs of vision-language models: their rows are not the batch's rows.
-IMAGE_INPUTS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "image_sizes")
+# Inputs of vision-language models (GRPOTrainer hands them to the model beside the ids): a batch that holds any is
+# trained whole, its rows and columns as they are.
+IMAGE_INPUTS = (
+    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+)
 
 
 def cannot_skip(trainer) -> str | None:
