@@ -125,6 +125,14 @@ CONFIGS = {
     # the LoRA layers' forward/backward fused in the weights' dtype (`fused_lora`), at the recipe's and TRL's micro-batch
     "grpo-lora16-fused": ("grpo", {"micro_batch": "recipe", "lora": LORA16, "fused_lora": True}),
     "grpo-lora16-fused-mb8": ("grpo", {"micro_batch": 8, "lora": LORA16, "fused_lora": True}),
+    # completions whose advantage is zero left out of the forward/backward (grpo's default, off in the configurations
+    # above: random weights score every completion alike); with rewards that leave some groups flat, such as
+    # --rewards benchmarks/half_flat.py:half_flat
+    "grpo-skip": ("grpo", {"micro_batch": "recipe", "skip_zero_advantage": True}),
+    "grpo-lora16-skip": ("grpo", {"micro_batch": "recipe", "lora": LORA16, "skip_zero_advantage": True}),
+    "grpo-lora16-fused-skip": (
+        "grpo", {"micro_batch": "recipe", "lora": LORA16, "fused_lora": True, "skip_zero_advantage": True}
+    ),
     # one process under configs/accelerate/zero2.yaml (DeepSpeed ZeRO-2: the weights whole), full fine-tuning
     "trl-zero2": ("trl", {"accelerate": "zero2"}),
     "grpo-zero2": ("grpo", {"micro_batch": "recipe", "accelerate": "zero2"}),
@@ -134,6 +142,11 @@ CONFIGS = {
     "trl-zero3-lora16": ("trl", {"accelerate": "zero3", "lora": LORA16}),
     "grpo-zero3-lora16": ("grpo", {"micro_batch": "recipe", "accelerate": "zero3", "lora": LORA16}),
 }
+
+
+def _absolute_reward(name: str) -> str:
+    path, colon, function = name.rpartition(":")
+    return f"{Path(path).resolve()}:{function}" if colon and path.endswith(".py") else name
 
 
 def master_weights_default(device: str, lora: bool, accelerate: str | None) -> bool:
@@ -147,7 +160,7 @@ def master_weights_default(device: str, lora: bool, accelerate: str | None) -> b
 def baseline_of(config: str) -> str:
     """The plain TRL configuration a configuration's speedup is measured against: the same set-up (LoRA, ZeRO-3),
     else TRL's defaults."""
-    twin = "trl" + re.sub(r"-no-gc|-fused|-mb\d+$", "", config.removeprefix("grpo").removeprefix("trl"))
+    twin = "trl" + re.sub(r"-no-gc|-fused|-skip|-mb\d+$", "", config.removeprefix("grpo").removeprefix("trl"))
     return twin if twin in CONFIGS else "trl"
 
 
@@ -285,7 +298,7 @@ def _install_timers(record: dict, out: Path, steps: int, profile: str = "", memo
     def logged(self, args, state, control, logs=None, **kwargs):
         if logs and "reward" in logs:
             record["logs"].append(
-                {"step": state.global_step, **{k: v for k, v in logs.items() if "reward" in k}}
+                {"step": state.global_step, **{k: v for k, v in logs.items() if "reward" in k or "skipped" in k}}
             )
         return on_log(self, args, state, control, logs=logs, **kwargs)
 
@@ -857,7 +870,8 @@ def main(argv: list[str] | None = None) -> None:
             )
     else:
         plan = TINY_PLAN if args.tiny else GPU_PLAN
-    rewards = args.rewards.split(",")
+    # a reward file's path from this working directory, as each configuration's process reads it
+    rewards = [_absolute_reward(name) for name in args.rewards.split(",")]
     training = {} if args.learning_rate is None else {"learning_rate": args.learning_rate}
     profile = set(filter(None, args.profile.split(",")))
     memory = set(filter(None, args.memory.split(",")))

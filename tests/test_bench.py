@@ -49,6 +49,31 @@ def test_benchmark_runs_baseline_and_grpo_side_by_side_on_cpu(tmp_path, demo_tok
         assert all(f"peak_{phase}_gib" in grpo["summary"] for phase in ("generate", "train", "other"))
 
 
+def test_half_flat_rewards_leave_every_other_group_flat_and_grpo_skip_leaves_it_out(
+    tmp_path, demo_tokenizer_dir, monkeypatch
+):
+    from benchmarks import grpo_bench
+    from benchmarks.half_flat import half_flat
+
+    prompts = ["a", "a", "a", "b", "b", "b", "c", "c", "c"]
+    assert half_flat(prompts, [""] * 9) == [1.0, 1.0, 1.0, 0.0, 1.0, 2.0, 1.0, 1.0, 1.0]
+    assert grpo_bench.baseline_of("grpo-lora16-fused-skip") == "trl-lora16"
+
+    out = tmp_path / "results.json"
+    monkeypatch.chdir(ROOT)  # the reward file's path is read from the working directory
+    grpo_bench.main(
+        ["--device", "cpu", "--tiny", "--plan", "tiny:4:grpo-skip:240:2", "--prompts", "4", "--generations", "2",
+         "--reward-completions", "8", "--tokenizer", str(demo_tokenizer_dir), "--out", str(out),
+         "--work", str(tmp_path / "work"), "--rewards", "benchmarks/half_flat.py:half_flat"]
+    )  # fmt: skip
+    report = json.loads(out.read_text())
+    (result,) = report["results"]
+    assert result["status"] == "done", result.get("log_tail")
+    assert report["rewards"] == [f"{ROOT / 'benchmarks' / 'half_flat.py'}:half_flat"]
+    (log,) = result["logs"]
+    assert log["frac_reward_zero_std"] == 0.5 and log["frac_rows_skipped"] == 0.5
+
+
 def test_grpo_config_splits_steps_as_the_r1_zero_countdown_settings_do():
     """About 8192 completion tokens a micro-batch (8 of 1024 tokens with the reproduction's overrides), 1 to 32."""
     from benchmarks.grpo_bench import recipe_micro_batch
