@@ -255,11 +255,9 @@ class SamplingArguments:
     skip_zero_advantage: bool = field(
         default=True,
         metadata={
-            "help": "Leave the completions whose advantage is zero (every completion of their prompt got the same "
-            "reward) out of the loss's forward and backward: without a KL penalty (beta 0), an entropy bonus or the "
-            "top-entropy mask they add no gradient, and the loss is scaled so the update is the same. TRL's entropy "
-            "and clip ratios are then measured on the completions trained; `frac_rows_skipped` logs the share left "
-            "out. Where a setting gives them a gradient, every completion is trained, said once."
+            "help": "Leave completions whose advantage is zero (their prompt's completions all scored alike) out of "
+            "the forward/backward, the loss scaled so the update is the same: they add no gradient without beta, an "
+            "entropy bonus or the top-entropy mask (else all are trained, said once). Logs `frac_rows_skipped`."
         },
     )
 
