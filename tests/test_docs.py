@@ -41,6 +41,17 @@ def test_the_key_reference_is_written_from_the_dataclasses():
     assert "`dynamic_sampling`" in text and "`report_to`" in text
 
 
+def test_every_keys_help_is_shown_whole():
+    """The schema keeps a help's first 300 characters: grpo's own keys say all they have to say within them."""
+    import dataclasses
+
+    from grpo_cli.arguments import OWN_ARGUMENTS
+
+    long = {f.name: len(" ".join(str(f.metadata.get("help", "")).split()))
+            for group in OWN_ARGUMENTS.values() for f in dataclasses.fields(group)}
+    assert {name: n for name, n in long.items() if n > 300} == {}
+
+
 def test_every_relative_link_resolves():
     broken = []
     for page in PAGES:
