@@ -96,6 +96,36 @@ def test_two_processes_train_like_one_and_sample_alike_under_ddp_and_zero3(tmp_p
         )
 
 
+PARITY = """
+def by_target(completions, target, **kwargs):
+    # every completion of an even target scores 1.0 (a flat group), of an odd one its place in the group
+    return [1.0 if int(t) % 2 == 0 else float(i) for i, t in enumerate(target)]
+"""
+
+
+def test_two_zero3_processes_leave_out_different_numbers_of_rows_and_train_as_without(tmp_path, tiny_model_dir):
+    """`skip_zero_advantage` with one group per process, flat on one and not the other: each process keeps as many
+    rows as the other (TRL gathers one value per row for its metrics), and the run samples, scores and trains as
+    the one that trains every row."""
+    (tmp_path / "parity.py").write_text(PARITY)
+    path = recipe_file(tmp_path, tiny_model_dir, "rl", SAMPLER)
+    runs = {}
+    for skip in ("true", "false"):
+        out = tmp_path / f"skip-{skip}"
+        _launch_zero3(path, "--output_dir", str(out), "--reward_funcs", f"{tmp_path / 'parity.py'}:by_target",
+                      "--max_steps", "3", "--skip_zero_advantage", skip, processes=2)
+        runs[skip] = out
+    assert same_rollouts(rollouts(runs["true"]), rollouts(runs["false"]))
+    logs = {skip: [e for e in json.loads((out / "train_summary.json").read_text())["log_history"] if "reward" in e]
+            for skip, out in runs.items()}
+    for on, off in zip(logs["true"], logs["false"]):
+        assert on["grad_norm"] == pytest.approx(off["grad_norm"], rel=1e-5, abs=1e-9)
+    flat = [e["frac_reward_zero_std"] for e in logs["true"]]
+    assert any(share == 0.5 for share in flat), flat  # one process's group flat, the other's not
+    # the main process left rows out where its group was flat and the other's was too
+    assert all((e["frac_rows_skipped"] > 0) == (share == 1.0) for e, share in zip(logs["true"], flat))
+
+
 def test_zero3_saves_whole_weights_resumes_and_merges(tmp_path, tiny_model_dir):
     """With grpo's sampler, whose rollouts under ZeRO-3 read the weights gathered from their shards: the same
     completions and rewards step for step as the same recipe without DeepSpeed (full fine-tuning and LoRA)."""

@@ -57,14 +57,21 @@ def test_the_kept_rows_give_the_gradient_of_every_row(tmp_path, tiny_grpo_traine
     full_loss, full = gradients(trainer, inputs)
     kept, scale, skipped = kept_rows(inputs, loss_type)
     assert skipped == 4 and kept["completion_ids"].shape[0] == 4
-    # cut to the columns the kept rows use: padding only
-    assert kept["completion_mask"][:, -1].any() and kept["prompt_mask"][:, 0].any()
+    # as another process keeping 6 rows would make it: two zero-advantage rows more, the same gradient
+    more, more_scale, more_skipped = kept_rows(inputs, loss_type, at_least=6)
+    assert more_skipped == 2 and more["advantages"].ne(0).sum() == 4
+    more_loss, more_grads = gradients(trainer, more, more_scale)
+    # completions cut to the columns the kept rows use (padding only); prompts as they were, so no position moves
+    assert kept["completion_mask"][:, -1].any() and kept["completion_ids"].shape[1] < 16
+    assert kept["prompt_ids"].equal(inputs["prompt_ids"][[1, 3, 6, 7]])
     assert int(kept["completion_mask"].sum()) == int(inputs["completion_mask"][[1, 3, 6, 7]].sum())
     kept_loss, grads = gradients(trainer, kept, scale)
     assert kept_loss == pytest.approx(full_loss, rel=1e-5, abs=1e-7)
     assert len(grads) == len(full)
-    for a, b in zip(grads, full):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+    assert more_loss == pytest.approx(full_loss, rel=1e-5, abs=1e-7)
+    for a, b, c in zip(grads, more_grads, full):
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-8)
+        torch.testing.assert_close(b, c, rtol=1e-5, atol=1e-8)
     assert any(g.abs().max() > 0 for g in full)  # the comparison has something to compare
 
 
@@ -77,6 +84,11 @@ def test_a_micro_batch_without_signal_trains_its_shortest_row_to_zero_gradients(
     assert skipped == 5 and kept["completion_ids"].shape == (1, -(-shortest // 4) * 4)
     loss, grads = gradients(trainer, kept, scale)
     assert loss == 0.0 and grads and all(float(g.abs().max()) == 0.0 for g in grads)
+    # under several processes each keeps as many rows as the one with most: the shortest rows make up the count
+    lengths = inputs["completion_mask"].sum(dim=1)
+    kept, scale, skipped = kept_rows(inputs, "grpo", at_least=3)
+    assert skipped == 3 and scale == 0.5
+    assert sorted(kept["completion_mask"].sum(dim=1).tolist()) == sorted(lengths.tolist())[:3]
     # with signal in every row, the batch is handed on as it is
     every = micro_batch(trainer.model.config.vocab_size, [1.0, -1.0], seed=4)
     assert kept_rows(every, "dapo") == (every, 1.0, 0)

@@ -26,7 +26,7 @@ from grpo_cli.train.master_weights import MasterWeightsSteps
 from grpo_cli.train.memory_fixes import explains_out_of_memory
 from grpo_cli.train.rollout_func import static_rollout
 from grpo_cli.train.run import TrainingRun
-from grpo_cli.train.zero_advantage import cannot_skip, kept_rows
+from grpo_cli.train.zero_advantage import cannot_skip, kept_rows, rows_with_signal
 from grpo_cli.trl_private import BatchSteps, logs_of, metrics_of
 
 logger = logging.getLogger("grpo_cli.train.rl")
@@ -68,7 +68,11 @@ class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
         if not (self.skip_zero_advantage and self.model.training):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         rows = inputs["advantages"].size(0)
-        inputs, scale, skipped = kept_rows(inputs, self.loss_type, self.pad_to_multiple_of)
+        at_least = 1
+        if self.accelerator.num_processes > 1:  # as many rows on every process (TRL gathers per-row metrics)
+            count = rows_with_signal(inputs["advantages"]).sum()
+            at_least = int(self.accelerator.reduce(count, reduction="max"))
+        inputs, scale, skipped = kept_rows(inputs, self.loss_type, self.pad_to_multiple_of, at_least)
         metrics_of(self)["frac_rows_skipped"].append(skipped / rows)
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         return loss if scale == 1.0 else loss * scale

@@ -7,19 +7,21 @@ bonus, the top-entropy mask (taken over the whole micro-batch), or a mixture-of-
 backward are then wasted work: often half of a step's completions once a model solves half of its prompts, and
 most of them while it solves none.
 
-Each micro-batch keeps its rows whose advantage is not zero, cut to the prompt and completion columns they use, and
+Each micro-batch keeps its rows whose advantage is not zero, cut to the completion columns they use, and
 its loss is scaled by the kept rows' share of the loss type's normalizer (rows for `grpo`, `dr_grpo`, `sapo` and
 `luspo`, tokens for `bnpo`; `dapo`, `cispo` and `vespo` divide by the whole batch's tokens already), so the
 gradient is the one over all rows. A micro-batch with no such row keeps its shortest one: every micro-batch still
 runs one forward and backward, which gradient accumulation under DDP and DeepSpeed counts on, and every optimizer
-step has gradients (zero where nothing was learned, as without the skip). The entropy and clip ratios TRL logs are
+step has gradients (zero where nothing was learned, as without the skip). Under several processes each keeps as
+many rows as the process with the most (its shortest zero-advantage rows making up the count): TRL gathers one
+value per row from every process for its clip-ratio metrics. The entropy and clip ratios TRL logs are
 then measured on the rows trained; `frac_rows_skipped` logs the share of rows left out.
 """
 
 from __future__ import annotations
 
 from grpo_cli.recipe.hardware import zero_advantage_trained
-from grpo_cli.trl_private import COMPLETION_COLUMNS, PROMPT_COLUMNS
+from grpo_cli.trl_private import COMPLETION_COLUMNS
 
 # What each loss type of TRL's divides a micro-batch's summed token losses by: "rows" (its row count), "tokens" (its
 # completion tokens), or None (the whole generation batch's tokens, the same for every micro-batch).
@@ -49,38 +51,49 @@ def cannot_skip(trainer) -> str | None:
     return zero_advantage_trained(vars(trainer.args))
 
 
-def kept_rows(inputs: dict, loss_type: str, pad_to_multiple_of: int | None = None) -> tuple[dict, float, int]:
+def rows_with_signal(advantages):
+    """Which rows of a micro-batch have an advantage other than zero (a bool tensor, one per row)."""
+    return advantages != 0 if advantages.dim() == 1 else (advantages != 0).any(dim=1)
+
+
+def kept_rows(
+    inputs: dict, loss_type: str, pad_to_multiple_of: int | None = None, at_least: int = 1
+) -> tuple[dict, float, int]:
     """A training micro-batch's `inputs` (GRPOTrainer's tensors) without its zero-advantage rows, the factor its
-    loss is scaled by, and how many rows were left out; `inputs` itself when none is."""
+    loss is scaled by, and how many rows were left out; `inputs` itself when none is. It keeps `at_least` rows
+    (where it has them), the shortest zero-advantage rows making up the count: TRL gathers one value per row from
+    every process for its metrics, so under several processes each keeps the same number."""
     import torch
 
-    advantages = inputs["advantages"]
-    nonzero = advantages != 0 if advantages.dim() == 1 else (advantages != 0).any(dim=1)
+    nonzero = rows_with_signal(inputs["advantages"])
     rows = nonzero.numel()
-    keep = nonzero.nonzero().squeeze(1)
     completion_mask = inputs["completion_mask"]
-    if keep.numel() == rows or any(inputs.get(key) is not None for key in IMAGE_INPUTS):
+    if bool(nonzero.all()) or any(inputs.get(key) is not None for key in IMAGE_INPUTS):
         return inputs, 1.0, 0
-    if keep.numel() == 0:  # one row still runs a forward and backward: the shortest
-        keep = completion_mask.sum(dim=1).argmin().reshape(1)
+    keep = nonzero.nonzero().squeeze(1)
+    short = min(max(at_least, 1), rows) - keep.numel()
+    if short > 0:  # the shortest rows without signal run in the forward and backward too
+        lengths = completion_mask.sum(dim=1).float().masked_fill(nonzero, float("inf"))
+        keep = torch.cat([keep, lengths.argsort(stable=True)[:short]]).sort().values
+    if keep.numel() == rows:
+        return inputs, 1.0, 0
     mask = completion_mask * inputs["tool_mask"] if "tool_mask" in inputs else completion_mask
 
     def width(used) -> int:  # columns a row uses, rounded up as TRL pads
         used = max(1, int(used))
         return -(-used // pad_to_multiple_of) * pad_to_multiple_of if pad_to_multiple_of else used
 
+    # The completions' padding on the right is cut; the prompts' on the left stays: cutting it would move every
+    # token's position, and the rotary embeddings' rounding with it (the same attention, not the same numbers).
     completion_width = width(completion_mask[keep].sum(dim=1).max())
-    prompt_width = width(inputs["prompt_mask"][keep].sum(dim=1).max())
     kept = {}
     for key, value in inputs.items():
         if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.size(0) != rows:
             kept[key] = value  # num_items_in_batch and what is not one value per row
             continue
         value = value[keep]
-        if key in PROMPT_COLUMNS and value.size(1) > prompt_width:  # padded on the left
-            value = value[:, value.size(1) - prompt_width :]
-        elif key in COMPLETION_COLUMNS and value.dim() == 2 and value.size(1) > completion_width:
-            value = value[:, :completion_width]  # padded on the right
+        if key in COMPLETION_COLUMNS and value.dim() == 2 and value.size(1) > completion_width:
+            value = value[:, :completion_width]
         kept[key] = value
     share = NORMALIZER[loss_type]
     if share == "rows":
