@@ -427,6 +427,7 @@ def run_table(run: RunLogs) -> list[str]:
             ("length", "completions/mean_length", "int"),
             ("clipped", "completions/clipped_ratio", "share"),
             ("zero-std groups", "frac_reward_zero_std", "share"),
+            ("skipped", "frac_rows_skipped", "share"),  # completions left out of the forward/backward
         ]
         if run.solved:  # the zero-variance groups that are solved, not failed: the prompts are too easy
             columns.append(("solved groups", "solved", "share"))

@@ -132,6 +132,8 @@ def test_a_run_leaves_flat_groups_out_and_learns_as_without(tmp_path, tiny_model
         assert logged == pytest.approx(share - (1 / 8 if share == 1 else 0))
     assert not any("frac_rows_skipped" in e for e in off_logs)
     assert f"skipped {on_logs[0]['frac_rows_skipped']:.2f}" in metrics_line(1, 3, on_logs[0])
+    # the run's report has the share as a column, where it was logged
+    assert "| skipped |" in (on / "report.md").read_text() and "| skipped |" not in (off / "report.md").read_text()
 
 
 @pytest.mark.slow
