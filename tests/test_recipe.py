@@ -437,11 +437,12 @@ def test_the_plan_says_what_samples_the_rollouts_and_why_not_grpos_sampler(tmp_p
 
 def test_the_plan_says_whether_zero_advantage_completions_are_trained_and_why(tmp_path):
     from grpo_cli.recipe.check import zero_advantage_line
-    from grpo_cli.recipe.hardware import LOSS_TYPES_PER_COMPLETION
-    from grpo_cli.train.zero_advantage import NORMALIZER
+    from grpo_cli.recipe.hardware import LOSS_NORMALIZERS
 
-    assert set(LOSS_TYPES_PER_COMPLETION) == set(NORMALIZER)  # each one's normalizer is known
     on = {"skip_zero_advantage": True, "beta": 0.0, "loss_type": "dapo"}
+    # each loss type whose normalizer is known leaves them out; another is named
+    assert {zero_advantage_line({**on, "loss_type": t}) for t in LOSS_NORMALIZERS} == {zero_advantage_line(on)}
+    assert "loss_type 'other' is not one of grpo, sapo" in zero_advantage_line({**on, "loss_type": "other"})
     assert zero_advantage_line(on) == "completions left out of the forward/backward"
     assert zero_advantage_line({**on, "skip_zero_advantage": False}) == "completions trained (skip_zero_advantage: false)"
     assert zero_advantage_line({**on, "beta": 0.04}).startswith("completions trained: beta is 0.04: the KL penalty")

@@ -10,8 +10,9 @@ import pytest
 import torch
 from test_dynamic_sampling import history, recipe, train
 
+from grpo_cli.recipe.hardware import LOSS_NORMALIZERS
 from grpo_cli.train.progress import metrics_line
-from grpo_cli.train.zero_advantage import NORMALIZER, cannot_skip, kept_rows
+from grpo_cli.train.zero_advantage import cannot_skip, kept_rows
 
 
 def micro_batch(vocab: int, advantages: list[float], seed: int = 0) -> dict:
@@ -43,7 +44,7 @@ def gradients(trainer, inputs: dict, scale: float = 1.0) -> tuple[float, list[to
     return float(loss.detach()), [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
 
-@pytest.mark.parametrize("loss_type", sorted(NORMALIZER))
+@pytest.mark.parametrize("loss_type", sorted(LOSS_NORMALIZERS))
 def test_the_kept_rows_give_the_gradient_of_every_row(tmp_path, tiny_grpo_trainer, loss_type):
     """TRL's `_compute_loss` of each loss type: the kept rows, scaled, give the loss and gradients of all the rows."""
     config = {"loss_type": loss_type, "beta": 0.0}

@@ -116,6 +116,22 @@ def rollout_fallback(values: dict, sharding: str | None) -> str | None:
     return None
 
 
+# What each of TRL's loss types divides a micro-batch's summed token losses by, for those whose loss is a sum of one
+# term per completion times its advantage: "rows" (the micro-batch's row count), "tokens" (its completion tokens), or
+# None (the whole generation batch's tokens, the same for every micro-batch). grpo_cli/train/zero_advantage.py scales
+# a loss over fewer rows by it.
+LOSS_NORMALIZERS = {
+    "grpo": "rows",
+    "sapo": "rows",
+    "luspo": "rows",
+    "dr_grpo": "rows",
+    "bnpo": "tokens",
+    "dapo": None,
+    "cispo": None,
+    "vespo": None,
+}
+
+
 def zero_advantage_trained(values: dict) -> str | None:
     """Why a run's completions whose advantage is zero have a gradient and are trained (`skip_zero_advantage`,
     grpo_cli/train/zero_advantage.py), from its keys; None where they have none and are left out of the
@@ -126,14 +142,9 @@ def zero_advantage_trained(values: dict) -> str | None:
         return "the entropy bonus (entropy_coef) gives every completion a gradient"
     if values.get("top_entropy_quantile", 1.0) < 1.0:
         return "top_entropy_quantile is below 1: its mask is taken over every completion of the micro-batch"
-    if values.get("loss_type") not in LOSS_TYPES_PER_COMPLETION:
-        return f"loss_type {values.get('loss_type')!r} is not one of {', '.join(LOSS_TYPES_PER_COMPLETION)}"
+    if values.get("loss_type") not in LOSS_NORMALIZERS:
+        return f"loss_type {values.get('loss_type')!r} is not one of {', '.join(LOSS_NORMALIZERS)}"
     return None
-
-
-# TRL's loss types whose loss is a sum of one term per completion times its advantage, over a normalizer
-# grpo_cli/train/zero_advantage.py knows.
-LOSS_TYPES_PER_COMPLETION = ("grpo", "sapo", "luspo", "dr_grpo", "bnpo", "dapo", "cispo", "vespo")
 
 
 def hardware_defaults(

@@ -20,21 +20,9 @@ then measured on the rows trained; `frac_rows_skipped` logs the share of rows le
 
 from __future__ import annotations
 
-from grpo_cli.recipe.hardware import zero_advantage_trained
+from grpo_cli.recipe.hardware import LOSS_NORMALIZERS, zero_advantage_trained
 from grpo_cli.trl_private import COMPLETION_COLUMNS
 
-# What each loss type of TRL's divides a micro-batch's summed token losses by: "rows" (its row count), "tokens" (its
-# completion tokens), or None (the whole generation batch's tokens, the same for every micro-batch).
-NORMALIZER = {
-    "grpo": "rows",
-    "sapo": "rows",
-    "luspo": "rows",
-    "dr_grpo": "rows",
-    "bnpo": "tokens",
-    "dapo": None,
-    "cispo": None,
-    "vespo": None,
-}
 # Inputs of vision-language models (GRPOTrainer hands them to the model beside the ids): a batch that holds any is
 # trained whole, its rows and columns as they are.
 IMAGE_INPUTS = (
@@ -95,7 +83,7 @@ def kept_rows(
         if key in COMPLETION_COLUMNS and value.dim() == 2 and value.size(1) > completion_width:
             value = value[:, :completion_width]
         kept[key] = value
-    share = NORMALIZER[loss_type]
+    share = LOSS_NORMALIZERS[loss_type]
     if share == "rows":
         scale = keep.numel() / rows
     elif share == "tokens":  # TRL's bnpo divides by the tokens it sees, at least one
