@@ -256,8 +256,8 @@ class SamplingArguments:
         default=True,
         metadata={
             "help": "Leave completions whose advantage is zero (their prompt's completions all scored alike) out of "
-            "the forward/backward, the loss scaled so the update is the same: they add no gradient without beta, an "
-            "entropy bonus or the top-entropy mask (else all are trained, said once). Logs `frac_rows_skipped`."
+            "the forward/backward, the others regrouped into as few micro-batches as they fill, the loss scaled to the "
+            "same update. Off where beta, an entropy bonus or top_entropy_quantile give them a gradient."
         },
     )
 

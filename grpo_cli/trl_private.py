@@ -80,13 +80,21 @@ def training_columns(trainer, dataset, description: str):
 # ------------------------------------------------------------------------------------------------ steps taken over
 
 # GRPOTrainer's private methods `BatchSteps` overrides.
-OVERRIDDEN_METHODS = ("_generate_and_score_completions", "_calculate_rewards")
+OVERRIDDEN_METHODS = ("_prepare_inputs", "_generate_and_score_completions", "_calculate_rewards")
 
 
 class BatchSteps:
     """Mixin for a GRPOTrainer subclass, before GRPOTrainer among its bases: TRL's private steps of a generation
-    batch under names of our own. Override `generate_and_score` and `calculate_rewards`; `super()` of either is
-    TRL's own step."""
+    batch under names of our own. Override `generate_and_score`, `calculate_rewards` and `regroup`; `super()` of
+    the first two is TRL's own step."""
+
+    def _prepare_inputs(self, generation_batch):
+        buffered = self._buffered_inputs
+        inputs = super()._prepare_inputs(generation_batch)
+        if self.model.training and self._buffered_inputs is not buffered:  # a generation batch split just now
+            self._buffered_inputs = self.regroup(self._buffered_inputs)
+            inputs = self._buffered_inputs[self._step % self.args.steps_per_generation]
+        return inputs
 
     def _generate_and_score_completions(self, inputs):
         return self.generate_and_score(inputs)
@@ -102,6 +110,12 @@ class BatchSteps:
     def calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         """Every reward function's scores of the batch, gathered from every process: [completions, rewards]."""
         return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+
+    def regroup(self, micro_batches: list[dict]) -> list[dict]:
+        """The micro-batches a training generation batch was split into (TRL shuffles its rows, then cuts it into
+        `steps_per_generation` slices of equal size), as the steps will train on them, in order: as they are, here.
+        Micro-step i of the generation batch trains on entry i."""
+        return micro_batches
 
 
 class BeforeClipping:

@@ -41,6 +41,21 @@ def _launch_zero3(recipe: Path, *overrides: str, processes: int = 1) -> subproce
     return run
 
 
+def _launch_ddp(recipe: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """Two DDP processes on the CPU. accelerate 1.15 runs `--cpu --num_processes 2` as ONE process (its simple
+    launcher); `--multi_gpu` starts two through torchrun, and with no GPU grpo makes them one gloo (MULTI_CPU)
+    group (`use_cpu`)."""
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+        "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+        "-m", "grpo_cli", "rl", "-c", str(recipe), *overrides,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
 def rollouts(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
 
@@ -62,16 +77,7 @@ def test_two_processes_train_like_one_and_sample_alike_under_ddp_and_zero3(tmp_p
     lora = "use_peft: true\nlora_r: 4\ngradient_checkpointing_kwargs: {use_reentrant: true}\n"
     # reentrant checkpointing (LoRA under ZeRO-3 needs it) with DDP needs DDP told that every parameter is used
     path = recipe_file(tmp_path, tiny_model_dir, "rl", lora + "ddp_find_unused_parameters: false\n" + SAMPLER)
-    # accelerate 1.15 runs `--cpu --num_processes 2` as ONE process (its simple launcher); `--multi_gpu` starts two
-    # through torchrun, and with no GPU grpo makes them one gloo (MULTI_CPU) group (`use_cpu`).
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
-        "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-        "-m", "grpo_cli", "rl", "-c", str(path),
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    run = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = _launch_ddp(path)
     out = tmp_path / "rl"
     # One console: the plan and each metrics line appear once, not once per process.
     assert run.stdout.count("Plan: rl") == 1
@@ -103,27 +109,36 @@ def by_target(completions, target, **kwargs):
 """
 
 
-def test_two_zero3_processes_leave_out_different_numbers_of_rows_and_train_as_without(tmp_path, tiny_model_dir):
-    """`skip_zero_advantage` with one group per process, flat on one and not the other: each process keeps as many
-    rows as the other (TRL gathers one value per row for its metrics), and the run samples, scores and trains as
-    the one that trains every row."""
+@pytest.mark.parametrize("launcher", ["ddp", "zero3"])
+def test_two_processes_leave_out_different_numbers_of_rows_and_train_as_without(tmp_path, tiny_model_dir, launcher):
+    """`skip_zero_advantage` with two micro-batches of 4 a step and two groups per process, flat on one process and
+    not the other at some steps: each process trains as many rows in each micro-batch as the other (TRL gathers one
+    value per row for its metrics), DDP leaves the same micro-batches out on both, and the run samples, scores and
+    trains as the one that trains every row."""
     (tmp_path / "parity.py").write_text(PARITY)
-    path = recipe_file(tmp_path, tiny_model_dir, "rl", SAMPLER)
+    # float32 throughout: bfloat16 autocast rounds each micro-batch's weight gradients, and the rows are regrouped
+    path = recipe_file(tmp_path, tiny_model_dir, "rl", SAMPLER + "gradient_accumulation_steps: 2\nbf16: false\n")
     runs = {}
     for skip in ("true", "false"):
         out = tmp_path / f"skip-{skip}"
-        _launch_zero3(path, "--output_dir", str(out), "--reward_funcs", f"{tmp_path / 'parity.py'}:by_target",
-                      "--max_steps", "3", "--skip_zero_advantage", skip, processes=2)
+        overrides = ("--output_dir", str(out), "--reward_funcs", f"{tmp_path / 'parity.py'}:by_target",
+                     "--max_steps", "3", "--skip_zero_advantage", skip)  # fmt: skip
+        _launch_ddp(path, *overrides) if launcher == "ddp" else _launch_zero3(path, *overrides, processes=2)
         runs[skip] = out
     assert same_rollouts(rollouts(runs["true"]), rollouts(runs["false"]))
     logs = {skip: [e for e in json.loads((out / "train_summary.json").read_text())["log_history"] if "reward" in e]
             for skip, out in runs.items()}
     for on, off in zip(logs["true"], logs["false"]):
-        assert on["grad_norm"] == pytest.approx(off["grad_norm"], rel=1e-5, abs=1e-9)
+        assert on["loss"] == pytest.approx(off["loss"], rel=1e-6, abs=1e-9)
+        assert on["grad_norm"] == pytest.approx(off["grad_norm"], rel=1e-6, abs=1e-9)
     flat = [e["frac_reward_zero_std"] for e in logs["true"]]
-    assert any(share == 0.5 for share in flat), flat  # one process's group flat, the other's not
-    # the main process left rows out where its group was flat and the other's was too
-    assert all((e["frac_rows_skipped"] > 0) == (share == 1.0) for e, share in zip(logs["true"], flat))
+    assert any(0 < share < 1 for share in flat), flat  # some groups flat, others not
+    # a process keeps as many rows as the other: a step leaves rows out where both had a flat group, none where no
+    # group was flat. DDP leaves a whole micro-batch of each process's two out (4 of 8 rows); DeepSpeed trains a row
+    # in it (3 of 8 left out).
+    skipped = [e["frac_rows_skipped"] for e in logs["true"]]
+    assert max(skipped) == (0.5 if launcher == "ddp" else 0.375), skipped
+    assert all(s == 0 for s, f in zip(skipped, flat) if f == 0), skipped
 
 
 def test_zero3_saves_whole_weights_resumes_and_merges(tmp_path, tiny_model_dir):

@@ -36,11 +36,13 @@ def always_flat(completions, **kwargs):
 """
 
 
-def recipe(tmp_path: Path, model: Path, reward: str, extra: str = "", name: str = "run", steps: int = 3) -> Path:
+def recipe(
+    tmp_path: Path, model: Path, reward: str, extra: str = "", name: str = "run", steps: int = 3, batch: int = 8
+) -> Path:
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "ds_rewards.py").write_text(REWARDS)
     path = tmp_path / f"{name}.yaml"
-    path.write_text(tiny_run_keys(model, tmp_path / name, max_steps=steps, save_steps=100, batch=8) + textwrap.dedent(f"""
+    path.write_text(tiny_run_keys(model, tmp_path / name, max_steps=steps, save_steps=100, batch=batch) + textwrap.dedent(f"""
         reward_funcs: ["{tmp_path / 'ds_rewards.py'}:{reward}"]
         num_generations: 4
         max_completion_length: 8

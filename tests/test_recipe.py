@@ -439,11 +439,25 @@ def test_the_plan_says_whether_zero_advantage_completions_are_trained_and_why(tm
     from grpo_cli.recipe.check import zero_advantage_line
     from grpo_cli.recipe.hardware import LOSS_NORMALIZERS
 
-    on = {"skip_zero_advantage": True, "beta": 0.0, "loss_type": "dapo"}
+    on = {"skip_zero_advantage": True, "beta": 0.0, "loss_type": "dapo", "gradient_accumulation_steps": 4}
+    regrouped = "completions left out of the forward/backward, the others regrouped into as few micro-batches as they fill"
     # each loss type whose normalizer is known leaves them out; another is named
-    assert {zero_advantage_line({**on, "loss_type": t}) for t in LOSS_NORMALIZERS} == {zero_advantage_line(on)}
+    for loss_type in LOSS_NORMALIZERS:
+        line = zero_advantage_line({**on, "loss_type": loss_type})
+        assert line == regrouped if loss_type != "bnpo" else line == (
+            "completions left out of each micro-batch's forward/backward (bnpo divides by each micro-batch's tokens)"
+        )
     assert "loss_type 'other' is not one of grpo, sapo" in zero_advantage_line({**on, "loss_type": "other"})
-    assert zero_advantage_line(on) == "completions left out of the forward/backward"
+    zero3 = {"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 3}}
+    assert zero_advantage_line(on, zero3) == (
+        "completions left out of the forward/backward, the others regrouped; each micro-batch keeps one (DeepSpeed "
+        "runs every micro-batch's backward)"
+    )
+    assert "(FSDP runs every" in zero_advantage_line(on, {"distributed_type": "FSDP"})
+    assert "steps_per_generation is not a multiple" in zero_advantage_line({**on, "steps_per_generation": 6})
+    assert zero_advantage_line({**on, "steps_per_generation": 8}) == regrouped
+    one = zero_advantage_line({**on, "gradient_accumulation_steps": 1}, zero3)
+    assert one == "completions left out of the forward/backward (one micro-batch a step)"
     assert zero_advantage_line({**on, "skip_zero_advantage": False}) == "completions trained (skip_zero_advantage: false)"
     assert zero_advantage_line({**on, "beta": 0.04}).startswith("completions trained: beta is 0.04: the KL penalty")
     assert "entropy bonus" in zero_advantage_line({**on, "entropy_coef": 0.01})

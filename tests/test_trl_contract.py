@@ -30,13 +30,14 @@ METHODS = {
     "_tokenize_prompts": ["prompts"],
     "_generate_single_turn": ["prompt_ids", "images", "multimodal_fields", "num_generations"],
     "_remove_unused_columns": ["dataset", "description"],
+    "_prepare_inputs": ["generation_batch"],
     "_generate_and_score_completions": ["inputs"],
     "_calculate_rewards": ["inputs", "prompts", "completions", "completion_ids_list"],
     "_generate": ["prompts"],  # a name on tracebacks only
 }
 TRAINER_METHODS = {"_clip_grad_norm": ["model"], "_get_grad_norm": ["model", "grad_norm"]}  # the transformers Trainer's, which BeforeClipping overrides
 # Attributes GRPOTrainer sets in __init__, and what grpo reads in them.
-ATTRIBUTES = ("_logs", "_metrics", "_step", "_tokenizer", "_is_vlm")
+ATTRIBUTES = ("_logs", "_metrics", "_step", "_buffered_inputs", "_tokenizer", "_is_vlm")
 LOG_KEYS = ("prompt", "completion", "rewards", "advantages")
 # trl.kernels.chunked_logprob's private functions and constants, with their parameters.
 TILE = ["vocab_start", "n_cols", "logit_scale", "softcap", "inv_t", "HAS_SOFTCAP", "HAS_LOGPROB_GRAD",

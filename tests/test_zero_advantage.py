@@ -12,7 +12,7 @@ from test_dynamic_sampling import history, recipe, train
 
 from grpo_cli.recipe.hardware import LOSS_NORMALIZERS
 from grpo_cli.train.progress import metrics_line
-from grpo_cli.train.zero_advantage import cannot_skip, kept_rows
+from grpo_cli.train.zero_advantage import LOSS_SCALE, cannot_skip, regroup
 
 
 def micro_batch(vocab: int, advantages: list[float], seed: int = 0) -> dict:
@@ -35,67 +35,109 @@ def micro_batch(vocab: int, advantages: list[float], seed: int = 0) -> dict:
     }
 
 
-def gradients(trainer, inputs: dict, scale: float = 1.0) -> tuple[float, list[torch.Tensor]]:
+def generation_batch(vocab: int, advantages: list[float], micro_batches: int = 2, seed: int = 0) -> list[dict]:
+    """A generation batch split into micro-batches of equal size, as GRPOTrainer splits it (`num_items_in_batch`,
+    the whole batch's tokens, in each)."""
+    whole = micro_batch(vocab, advantages, seed)
+    whole["num_items_in_batch"] = whole["completion_mask"].sum()
+    rows = len(advantages) // micro_batches
+    return [{k: v if v.dim() == 0 else v[i * rows : (i + 1) * rows] for k, v in whole.items()}
+            for i in range(micro_batches)]
+
+
+def gradients(trainer, micro_batches: list[dict]) -> tuple[float, list[torch.Tensor]]:
+    """A step's loss and gradients over `micro_batches` through TRL's own loss, each scaled by its `LOSS_SCALE`
+    where it has one; a micro-batch without rows runs no forward or backward."""
     model = trainer.model
-    trainer.current_gradient_accumulation_steps = 2  # what the training loop sets: one micro-batch of two
+    trainer.current_gradient_accumulation_steps = len(micro_batches)  # what the training loop sets
     model.zero_grad()
-    loss = trainer.compute_loss(model, inputs) * scale
-    loss.backward()
-    return float(loss.detach()), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    total = 0.0
+    for inputs in micro_batches:
+        inputs = dict(inputs)
+        scale = inputs.pop(LOSS_SCALE, 1.0)
+        if inputs["advantages"].numel() == 0:
+            continue
+        loss = trainer.compute_loss(model, inputs) * scale
+        loss.backward()
+        total += float(loss.detach())
+    return total, [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def sizes(micro_batches: list[dict]) -> list[int]:
+    return [batch["advantages"].size(0) for batch in micro_batches]
+
+
+ADVANTAGES = [0.0, 1.5, 0.0, -0.5, 0.0, 0.0, 2.0, -3.0, 0.0, 0.0, 1.0, 0.0, 0.0, -1.0, 0.0, 0.0]
 
 
 @pytest.mark.parametrize("loss_type", sorted(LOSS_NORMALIZERS))
-def test_the_kept_rows_give_the_gradient_of_every_row(tmp_path, tiny_grpo_trainer, loss_type):
-    """TRL's `_compute_loss` of each loss type: the kept rows, scaled, give the loss and gradients of all the rows."""
-    config = {"loss_type": loss_type, "beta": 0.0}
+def test_the_regrouped_rows_give_the_gradient_of_every_row(tmp_path, tiny_grpo_trainer, loss_type):
+    """TRL's `_compute_loss` of each loss type over one step of two micro-batches of 8 rows, 6 of them with signal:
+    the regrouped micro-batches, scaled, give the loss and gradients of all the rows."""
+    config = {"loss_type": loss_type, "beta": 0.0, "bf16": False}  # no bfloat16 autocast: the rounding below is the sums'
     if loss_type == "luspo":
         config["importance_sampling_level"] = "sequence"
     trainer = tiny_grpo_trainer(tmp_path, [lambda completions, **kw: [0.0] * len(completions)], **config)
     trainer.model.train()
-    inputs = micro_batch(trainer.model.config.vocab_size, [0.0, 1.5, 0.0, -0.5, 0.0, 0.0, 2.0, -3.0])
+    step = generation_batch(trainer.model.config.vocab_size, ADVANTAGES)
     # TRL's old log-probs are the current ones detached (one iteration), so make the ratio move: a step of its own
-    inputs["old_per_token_logps"] = -torch.rand(inputs["completion_ids"].shape, generator=torch.Generator().manual_seed(1))
-    full_loss, full = gradients(trainer, inputs)
-    kept, scale, skipped = kept_rows(inputs, loss_type)
-    assert skipped == 4 and kept["completion_ids"].shape[0] == 4
-    # as another process keeping 6 rows would make it: two zero-advantage rows more, the same gradient
-    more, more_scale, more_skipped = kept_rows(inputs, loss_type, at_least=6)
-    assert more_skipped == 2 and more["advantages"].ne(0).sum() == 4
-    more_loss, more_grads = gradients(trainer, more, more_scale)
+    for i, batch in enumerate(step):
+        g = torch.Generator().manual_seed(i)
+        batch["old_per_token_logps"] = -torch.rand(batch["completion_ids"].shape, generator=g)
+    full_loss, full = gradients(trainer, step)
+    regrouped, left_out = regroup(step, loss_type, group=2)
+    # as another process with 10 rows of signal would make it: 4 zero-advantage rows more, the same gradient
+    more, more_left_out = regroup(step, loss_type, group=2, most=lambda counts: torch.full_like(counts, 10))
+    if LOSS_NORMALIZERS[loss_type] == "tokens":  # bnpo: each micro-batch keeps its own rows
+        assert sizes(regrouped) == [4, 2] and left_out == 10 / 16
+        assert sizes(more) == [8, 8] and more_left_out == 0
+    else:  # the 6 rows with signal in one micro-batch, the step's last; the other runs nothing
+        assert sizes(regrouped) == [0, 6] and left_out == 10 / 16
+        assert sizes(more) == [8, 2] and more_left_out == 6 / 16
+        assert int(more[1]["advantages"].ne(0).sum()) + int(more[0]["advantages"].ne(0).sum()) == 6
+    kept = regrouped[-1]
     # completions cut to the columns the kept rows use (padding only); prompts as they were, so no position moves
     assert kept["completion_mask"][:, -1].any() and kept["completion_ids"].shape[1] < 16
-    assert kept["prompt_ids"].equal(inputs["prompt_ids"][[1, 3, 6, 7]])
-    assert int(kept["completion_mask"].sum()) == int(inputs["completion_mask"][[1, 3, 6, 7]].sum())
-    kept_loss, grads = gradients(trainer, kept, scale)
-    assert kept_loss == pytest.approx(full_loss, rel=1e-5, abs=1e-7)
-    assert len(grads) == len(full)
-    assert more_loss == pytest.approx(full_loss, rel=1e-5, abs=1e-7)
-    for a, b, c in zip(grads, more_grads, full):
-        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-8)
-        torch.testing.assert_close(b, c, rtol=1e-5, atol=1e-8)
+    assert kept["prompt_ids"].shape[1] == 12
+    lengths = kept["completion_mask"].sum(dim=1)
+    assert lengths.tolist() == sorted(lengths.tolist(), reverse=True)  # longest first
+    regrouped_loss, grads = gradients(trainer, regrouped)
+    more_loss, more_grads = gradients(trainer, more)
+    assert regrouped_loss == pytest.approx(full_loss, rel=1e-6, abs=1e-9)
+    assert more_loss == pytest.approx(full_loss, rel=1e-6, abs=1e-9)
+    assert len(grads) == len(more_grads) == len(full)
+    for a, b, c in zip(grads, more_grads, full):  # float32's rounding of sums added in another order
+        atol = 1e-6 * float(c.abs().max())
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=atol)
+        torch.testing.assert_close(b, c, rtol=1e-5, atol=atol)
     assert any(g.abs().max() > 0 for g in full)  # the comparison has something to compare
 
 
-def test_a_micro_batch_without_signal_trains_its_shortest_row_to_zero_gradients(tmp_path, tiny_grpo_trainer):
+def test_a_step_without_signal_trains_its_shortest_row_in_its_last_micro_batch(tmp_path, tiny_grpo_trainer):
     trainer = tiny_grpo_trainer(tmp_path, [lambda completions, **kw: [0.0] * len(completions)], beta=0.0)
     trainer.model.train()
-    inputs = micro_batch(trainer.model.config.vocab_size, [0.0] * 6, seed=3)
-    kept, scale, skipped = kept_rows(inputs, "dapo", pad_to_multiple_of=4)
-    shortest = int(inputs["completion_mask"].sum(dim=1).min())
-    assert skipped == 5 and kept["completion_ids"].shape == (1, -(-shortest // 4) * 4)
-    loss, grads = gradients(trainer, kept, scale)
+    step = generation_batch(trainer.model.config.vocab_size, [0.0] * 12, micro_batches=3, seed=3)
+    lengths = torch.cat([batch["completion_mask"].sum(dim=1) for batch in step])
+    regrouped, left_out = regroup(step, "dapo", group=3, pad_to_multiple_of=4)
+    assert sizes(regrouped) == [0, 0, 1] and left_out == 11 / 12
+    assert regrouped[2]["completion_ids"].shape == (1, -(-int(lengths.min()) // 4) * 4)
+    loss, grads = gradients(trainer, regrouped)
     assert loss == 0.0 and grads and all(float(g.abs().max()) == 0.0 for g in grads)
-    # under several processes each keeps as many rows as the one with most: the shortest rows make up the count
-    lengths = inputs["completion_mask"].sum(dim=1)
-    kept, scale, skipped = kept_rows(inputs, "grpo", at_least=3)
-    assert skipped == 3 and scale == 0.5
-    assert sorted(kept["completion_mask"].sum(dim=1).tolist()) == sorted(lengths.tolist())[:3]
-    # with signal in every row, the batch is handed on as it is
-    every = micro_batch(trainer.model.config.vocab_size, [1.0, -1.0], seed=4)
-    assert kept_rows(every, "dapo") == (every, 1.0, 0)
+    # DeepSpeed and FSDP: every micro-batch keeps a row, the shortest
+    regrouped, left_out = regroup(step, "grpo", group=3, every_micro_batch=True)
+    assert sizes(regrouped) == [1, 1, 1] and left_out == 9 / 12 and regrouped[0][LOSS_SCALE] == 1 / 4
+    assert sorted(int(b["completion_mask"].sum()) for b in regrouped) == sorted(lengths.tolist())[:3]
+    # two optimizer steps in one generation batch: each regrouped on its own
+    two = generation_batch(trainer.model.config.vocab_size, ADVANTAGES, micro_batches=4)
+    assert sizes(regroup(two, "grpo", group=2)[0]) == [0, 4, 0, 2]
+    # with signal in every row, every micro-batch trains, its rows regrouped by length
+    every = generation_batch(trainer.model.config.vocab_size, [1.0, -1.0] * 4, seed=4)
+    regrouped, left_out = regroup(every, "dapo", group=2)
+    assert sizes(regrouped) == [4, 4] and left_out == 0
+    assert regrouped[0]["completion_mask"].sum(dim=1).min() >= regrouped[1]["completion_mask"].sum(dim=1).max()
     # a vision-language model's batch (its image inputs are not one per row) is trained whole
-    with_images = {**inputs, "pixel_values": torch.zeros(3, 8)}
-    assert kept_rows(with_images, "dapo") == (with_images, 1.0, 0)
+    with_images = [{**batch, "pixel_values": torch.zeros(3, 8)} for batch in step]
+    assert regroup(with_images, "dapo", group=3) == (with_images, 0.0)
 
 
 @pytest.mark.parametrize(
@@ -115,24 +157,39 @@ def test_settings_that_give_every_completion_a_gradient_are_named(tmp_path, tiny
 
 @pytest.mark.slow
 def test_a_run_leaves_flat_groups_out_and_learns_as_without(tmp_path, tiny_model_dir, monkeypatch):
-    """Real `grpo rl` runs on rewards where every prompt with an even target is a flat group: the same rewards, losses
-    and gradient norms step for step with and without `skip_zero_advantage`, and the share left out logged."""
-    on, trained = train(recipe(tmp_path, tiny_model_dir, "by_target", name="on", steps=3), monkeypatch)
-    off, _ = train(recipe(tmp_path, tiny_model_dir, "by_target", "skip_zero_advantage: false\n", "off", 3),
+    """Real `grpo rl` runs, two micro-batches of 4 a step, on rewards where every prompt with an even target is a
+    flat group: the same rewards, losses and gradient norms step for step with and without `skip_zero_advantage`, a
+    micro-batch left out where one holds every row with signal, and the share left out logged."""
+    from grpo_cli.train import rl
+
+    regrouped: list[list[int]] = []
+
+    class Regrouping(rl.RLTrainer):
+        def regroup(self, micro_batches):
+            micro_batches = super().regroup(micro_batches)
+            regrouped.append([batch["advantages"].size(0) for batch in micro_batches])
+            return micro_batches
+
+    monkeypatch.setattr(rl, "RLTrainer", Regrouping)
+    two = "gradient_accumulation_steps: 2\nbf16: false\n"  # float32: bfloat16 autocast rounds each micro-batch
+    on, trained = train(recipe(tmp_path, tiny_model_dir, "by_target", two, "on", 4, batch=4), monkeypatch)
+    monkeypatch.setattr(rl, "RLTrainer", Regrouping)  # `train` records through a subclass of its own
+    off, _ = train(recipe(tmp_path, tiny_model_dir, "by_target", two + "skip_zero_advantage: false\n", "off", 4, 4),
                    monkeypatch)
     on_logs, off_logs = history(on), history(off)
-    assert len(on_logs) == len(off_logs) == 3
+    assert len(on_logs) == len(off_logs) == 4
     for a, b in zip(on_logs, off_logs):
         assert a["reward"] == b["reward"]
-        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
-        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4, abs=1e-6)
-    flat_rows = [float((batch["advantages"] == 0).float().mean()) for batch in trained]
-    assert max(flat_rows) > 0  # the comparison covers skipped rows
-    # each logged share is the step's: micro-batches of 8 rows, one kept where all 8 are flat
-    for logged, share in zip([e["frac_rows_skipped"] for e in on_logs], flat_rows):
-        assert logged == pytest.approx(share - (1 / 8 if share == 1 else 0))
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6, abs=1e-7)  # losses near 0: sums of +-advantages
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6, abs=1e-9)
+    signal = [int((batch["advantages"] != 0).sum()) for batch in trained]
+    assert len(regrouped) == 8 and regrouped[4:] == [[4, 4]] * 4  # the run without the skip: as TRL splits them
+    assert regrouped[:4] == [[4, 4] if n > 4 else [0, max(n, 1)] for n in signal]
+    assert any(0 < n <= 4 for n in signal)  # the comparison covers a step with a micro-batch left out
+    for logged, n in zip([e["frac_rows_skipped"] for e in on_logs], signal):
+        assert logged == pytest.approx(1 - max(n, 1) / 8)
     assert not any("frac_rows_skipped" in e for e in off_logs)
-    assert f"skipped {on_logs[0]['frac_rows_skipped']:.2f}" in metrics_line(1, 3, on_logs[0])
+    assert f"skipped {on_logs[0]['frac_rows_skipped']:.2f}" in metrics_line(1, 4, on_logs[0])
     # the run's report has the share as a column, where it was logged
     assert "| skipped |" in (on / "report.md").read_text() and "| skipped |" not in (off / "report.md").read_text()
 

@@ -12,7 +12,12 @@ from pathlib import Path
 from grpo_cli.arguments import TrackingArguments
 from grpo_cli.errors import UserError
 from grpo_cli.problems import Problem, listing
-from grpo_cli.recipe.hardware import generation_batch, rollout_fallback, zero_advantage_trained
+from grpo_cli.recipe.hardware import (
+    generation_batch,
+    rollout_fallback,
+    zero_advantage_layout,
+    zero_advantage_trained,
+)
 from grpo_cli.recipe.load import Recipe
 
 
@@ -427,12 +432,25 @@ def _shown(value) -> str:
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def zero_advantage_line(values: dict) -> str:
-    """What the run does with completions whose advantage is zero, in one line."""
+def zero_advantage_line(values: dict, accelerate_config: dict | None = None) -> str:
+    """What the run does with completions whose advantage is zero, in one line (grpo_cli/train/zero_advantage.py)."""
+    from grpo_cli.launch import zero_stage
+
     if not values.get("skip_zero_advantage"):
         return "completions trained (skip_zero_advantage: false)"
     reason = zero_advantage_trained(values)
-    return f"completions trained: {reason}" if reason else "completions left out of the forward/backward"
+    if reason:
+        return f"completions trained: {reason}"
+    if (values.get("gradient_accumulation_steps") or 1) == 1:
+        return "completions left out of the forward/backward (one micro-batch a step)"
+    fsdp = str((accelerate_config or {}).get("distributed_type", "")).upper() == "FSDP"
+    engine = "FSDP" if fsdp else "DeepSpeed" if zero_stage(accelerate_config) is not None else None
+    group, _, why = zero_advantage_layout(values, engine)
+    if why is None:
+        return "completions left out of the forward/backward, the others regrouped into as few micro-batches as they fill"
+    if group == 1:
+        return f"completions left out of each micro-batch's forward/backward ({why})"
+    return f"completions left out of the forward/backward, the others regrouped; each micro-batch keeps one ({why})"
 
 
 def rollout_path(values: dict, accelerate_config: dict | None) -> str:
@@ -505,7 +523,7 @@ def build_plan(recipe: Recipe, num_processes: int, accelerate_config: dict | Non
              + f"{v.get('max_completion_length')} tokens"),
             ("rollouts", rollout_path(v, accelerate_config)),
             ("algorithm", f"loss {v.get('loss_type')}, beta {v.get('beta')}, lr {lr}"),
-            ("zero advantage", zero_advantage_line(v)),
+            ("zero advantage", zero_advantage_line(v, accelerate_config)),
         ]
         if v.get("dynamic_sampling"):
             rounds = v.get("dynamic_sampling_max_rounds")

@@ -147,6 +147,21 @@ def zero_advantage_trained(values: dict) -> str | None:
     return None
 
 
+def zero_advantage_layout(values: dict, engine: str | None) -> tuple[int, bool, str | None]:
+    """Where `skip_zero_advantage` puts the completions a step trains (grpo_cli/train/zero_advantage.py): how many
+    micro-batches' completions are regrouped together (the step's, or 1: each micro-batch's own), whether every
+    micro-batch keeps one, and why not all the step's micro-batches left without any are left out (None: they are).
+    `engine`: "DeepSpeed", "FSDP" or None (one process, DDP)."""
+    accumulation = values.get("gradient_accumulation_steps") or 1
+    if LOSS_NORMALIZERS.get(values.get("loss_type")) == "tokens":
+        return 1, True, f"{values.get('loss_type')} divides by each micro-batch's tokens"
+    if (values.get("steps_per_generation") or accumulation) % accumulation:
+        return 1, True, "steps_per_generation is not a multiple of gradient_accumulation_steps"
+    if engine:
+        return accumulation, True, f"{engine} runs every micro-batch's backward"
+    return accumulation, False, None
+
+
 def hardware_defaults(
     command: str, values: dict, hardware: Hardware, env: dict | None = None
 ) -> tuple[dict[str, tuple[Any, str]], list[str]]:

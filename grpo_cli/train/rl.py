@@ -12,11 +12,14 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+from accelerate.utils import DistributedType
 from trl import GRPOTrainer
 
 from grpo_cli.engine import is_nonfinite_sampling
 from grpo_cli.engine.offload import LayerInputOffload
 from grpo_cli.recipe import Recipe, reward_funcs, reward_names
+from grpo_cli.recipe.hardware import zero_advantage_layout
 from grpo_cli.rewards import accuracy_reward
 from grpo_cli.tasks import as_chats
 from grpo_cli.train.batch_hooks import GuardedScores, RolloutsFile, SolvedGroups
@@ -26,10 +29,15 @@ from grpo_cli.train.master_weights import MasterWeightsSteps
 from grpo_cli.train.memory_fixes import explains_out_of_memory
 from grpo_cli.train.rollout_func import static_rollout
 from grpo_cli.train.run import TrainingRun
-from grpo_cli.train.zero_advantage import cannot_skip, kept_rows, rows_with_signal
+from grpo_cli.train.zero_advantage import LOSS_SCALE, cannot_skip, regroup
 from grpo_cli.trl_private import BatchSteps, logs_of, metrics_of
 
 logger = logging.getLogger("grpo_cli.train.rl")
+
+# Where a micro-batch may run no forward and backward (`skip_zero_advantage`): one process and DDP, whose gradients
+# are averaged in the backward of a step's last micro-batch. DeepSpeed's and FSDP's engines count on every one.
+SKIPS_MICRO_BATCHES = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+ENGINES = {DistributedType.DEEPSPEED: "DeepSpeed", DistributedType.FSDP: "FSDP"}
 
 
 class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
@@ -41,6 +49,7 @@ class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
     over TRL's steps of a generation batch through `BatchSteps` (grpo_cli/trl_private.py), under names of our own."""
 
     last_rewards = None  # the latest scored batch's rewards, gathered from every process: a column per reward
+    rows_left_out = 0.0  # the share of the latest generation batch's rows left out of the forward and backward
 
     def __init__(
         self,
@@ -64,16 +73,33 @@ class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
             logger.warning("skip_zero_advantage: every completion goes through the forward and backward (%s)", reason)
         self.skip_zero_advantage = skip_zero_advantage and reason is None
 
+    def regroup(self, micro_batches):
+        if not self.skip_zero_advantage:
+            return micro_batches
+        distributed = self.accelerator.distributed_type
+        engine = None if distributed in SKIPS_MICRO_BATCHES else ENGINES.get(distributed, str(distributed.value))
+        group, every, _ = zero_advantage_layout(vars(self.args), engine)
+        several = self.accelerator.num_processes > 1
+        micro_batches, self.rows_left_out = regroup(
+            micro_batches,
+            self.loss_type,
+            group,
+            every_micro_batch=every,
+            most=(lambda counts: self.accelerator.reduce(counts, reduction="max")) if several else None,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+        )
+        return micro_batches
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if not (self.skip_zero_advantage and self.model.training):
+        if LOSS_SCALE not in inputs:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        rows = inputs["advantages"].size(0)
-        at_least = 1
-        if self.accelerator.num_processes > 1:  # as many rows on every process (TRL gathers per-row metrics)
-            count = rows_with_signal(inputs["advantages"]).sum()
-            at_least = int(self.accelerator.reduce(count, reduction="max"))
-        inputs, scale, skipped = kept_rows(inputs, self.loss_type, self.pad_to_multiple_of, at_least)
-        metrics_of(self)["frac_rows_skipped"].append(skipped / rows)
+        inputs = dict(inputs)  # a buffered micro-batch trains again with more iterations
+        scale = inputs.pop(LOSS_SCALE)
+        metrics_of(self)["frac_rows_skipped"].append(self.rows_left_out)
+        if inputs["advantages"].size(0) == 0:  # its rows train in another of the step's micro-batches
+            if self.accelerator.sync_gradients and self.accelerator.num_processes > 1:
+                raise RuntimeError("skip_zero_advantage left out the micro-batch that averages the gradients")
+            return torch.zeros((), device=self.accelerator.device, requires_grad=True)
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         return loss if scale == 1.0 else loss * scale
 

@@ -7,18 +7,28 @@ bonus, the top-entropy mask (taken over the whole micro-batch), or a mixture-of-
 backward are then wasted work: often half of a step's completions once a model solves half of its prompts, and
 most of them while it solves none.
 
-Each micro-batch keeps its rows whose advantage is not zero, cut to the completion columns they use, and
-its loss is scaled by the kept rows' share of the loss type's normalizer (rows for `grpo`, `dr_grpo`, `sapo` and
-`luspo`, tokens for `bnpo`; `dapo`, `cispo` and `vespo` divide by the whole batch's tokens already), so the
-gradient is the one over all rows. A micro-batch with no such row keeps its shortest one: every micro-batch still
-runs one forward and backward, which gradient accumulation under DDP and DeepSpeed counts on, and every optimizer
-step has gradients (zero where nothing was learned, as without the skip). Under several processes each keeps as
-many rows as the process with the most (its shortest zero-advantage rows making up the count): TRL gathers one
-value per row from every process for its clip-ratio metrics. The entropy and clip ratios TRL logs are
-then measured on the rows trained; `frac_rows_skipped` logs the share of rows left out.
+The micro-batches of one optimizer step are regrouped once the generation batch is split (`regroup`): the rows
+whose advantage is not zero, longest first, fill as few micro-batches as they need, each cut to the completion
+columns its rows use, and the step's other micro-batches hold no row and run no forward or backward. Each trained
+micro-batch's loss is scaled by its rows' share of the loss type's normalizer, so the update is the one over all
+rows: rows for `grpo`, `dr_grpo`, `sapo` and `luspo` (whose normalizer does not depend on which rows share a
+micro-batch), nothing for `dapo`, `cispo` and `vespo` (they divide by the whole batch's tokens already). `bnpo`
+divides by each micro-batch's own tokens, so its rows stay in their micro-batch, as do the rows of a step whose
+micro-batches a generation batch does not line up with (`steps_per_generation` not a multiple of the gradient
+accumulation steps).
+
+A step keeps at least one row, in its last micro-batch: under DDP that micro-batch's backward averages the step's
+gradients over the processes, and every optimizer step has gradients (zero where nothing was learned, as without
+the skip). Under DeepSpeed and FSDP, whose engines count on every micro-batch's backward, every micro-batch keeps a
+row. Under several processes each keeps as many rows in each micro-batch as the process with the most (its
+shortest zero-advantage rows making up the count), so all run the same micro-batches: TRL gathers one value per row
+from every process for its clip-ratio metrics. The entropy and clip ratios TRL logs are then measured on the rows
+trained; `frac_rows_skipped` logs the share of rows left out.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from grpo_cli.recipe.hardware import LOSS_NORMALIZERS, zero_advantage_trained
 from grpo_cli.trl_private import COMPLETION_COLUMNS
@@ -29,6 +39,8 @@ IMAGE_INPUTS = (
     "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
     "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
 )
+# The key of a regrouped micro-batch that holds the factor its loss is scaled by.
+LOSS_SCALE = "loss_scale"
 
 
 def cannot_skip(trainer) -> str | None:
@@ -40,54 +52,104 @@ def cannot_skip(trainer) -> str | None:
 
 
 def rows_with_signal(advantages):
-    """Which rows of a micro-batch have an advantage other than zero (a bool tensor, one per row)."""
+    """Which rows have an advantage other than zero (a bool tensor, one per row)."""
     return advantages != 0 if advantages.dim() == 1 else (advantages != 0).any(dim=1)
 
 
-def kept_rows(
-    inputs: dict, loss_type: str, pad_to_multiple_of: int | None = None, at_least: int = 1
-) -> tuple[dict, float, int]:
-    """A training micro-batch's `inputs` (GRPOTrainer's tensors) without its zero-advantage rows, the factor its
-    loss is scaled by, and how many rows were left out; `inputs` itself when none is. It keeps `at_least` rows
-    (where it has them), the shortest zero-advantage rows making up the count: TRL gathers one value per row from
-    every process for its metrics, so under several processes each keeps the same number."""
+def regroup(
+    micro_batches: list[dict],
+    loss_type: str,
+    group: int,
+    every_micro_batch: bool = False,
+    most: Callable | None = None,
+    pad_to_multiple_of: int | None = None,
+) -> tuple[list[dict], float]:
+    """A generation batch's training micro-batches (GRPOTrainer's slices of equal size, in order) without their
+    zero-advantage rows, and the share of rows left out.
+
+    Each run of `group` micro-batches (one optimizer step's) is regrouped as the module says; each micro-batch
+    returned holds its loss's factor under `LOSS_SCALE`, and one with no row runs no forward or backward.
+    `every_micro_batch`: each keeps a row (DeepSpeed, FSDP). `most`: the largest of each process's counts of rows
+    with signal, one per step (an all-reduce; None under one process). A vision-language batch is handed back as it
+    is (with no factor: trained whole)."""
     import torch
 
-    nonzero = rows_with_signal(inputs["advantages"])
-    rows = nonzero.numel()
-    completion_mask = inputs["completion_mask"]
-    if bool(nonzero.all()) or any(inputs.get(key) is not None for key in IMAGE_INPUTS):
-        return inputs, 1.0, 0
-    keep = nonzero.nonzero().squeeze(1)
-    short = min(max(at_least, 1), rows) - keep.numel()
-    if short > 0:  # the shortest rows without signal run in the forward and backward too
-        lengths = completion_mask.sum(dim=1).float().masked_fill(nonzero, float("inf"))
-        keep = torch.cat([keep, lengths.argsort(stable=True)[:short]]).sort().values
-    if keep.numel() == rows:
-        return inputs, 1.0, 0
-    mask = completion_mask * inputs["tool_mask"] if "tool_mask" in inputs else completion_mask
+    if not micro_batches or any(micro_batches[0].get(key) is not None for key in IMAGE_INPUTS):
+        return micro_batches, 0.0
+    rows = micro_batches[0]["advantages"].size(0)
+    normalizer = LOSS_NORMALIZERS[loss_type]
+    if normalizer == "tokens":  # each micro-batch's own tokens: its rows stay in it
+        group = 1
+    steps = [_joined(micro_batches[i : i + group]) for i in range(0, len(micro_batches), group)]
+    signal = [rows_with_signal(step["advantages"]) for step in steps]
+    counts = torch.stack([flags.sum() for flags in signal])
+    counts = (most(counts) if most is not None else counts).tolist()
+    out, left_out = [], 0
+    for step, flags, count in zip(steps, signal, counts):
+        slots = flags.numel() // rows
+        trained = min(max(int(count), 1), flags.numel())  # the most any process has, at least one
+        filled = -(-trained // rows)
+        one_row = slots - filled if every_micro_batch else 0
+        lengths = step["completion_mask"].sum(dim=1)
+        # the rows with signal first, then the shortest others, which make up the count where it is higher
+        order = (lengths.float() - flags.float() * (lengths.max() + 1)).argsort(stable=True)
+        keep = order[:trained]
+        keep = keep[lengths[keep].argsort(descending=True, stable=True)]  # longest first: like lengths together
+        chunks = [keep[i * rows : (i + 1) * rows] for i in range(filled)]
+        extra = [order[trained + i : trained + i + 1] for i in range(one_row)]
+        empty = order[:0]
+        for index in [empty] * (slots - filled - one_row) + extra + chunks:  # the step's last micro-batch trains
+            out.append(_rows(step, index, normalizer, rows, pad_to_multiple_of))
+        left_out += flags.numel() - trained - one_row
+    return out, left_out / (rows * len(micro_batches))
 
-    def width(used) -> int:  # columns a row uses, rounded up as TRL pads
-        used = max(1, int(used))
-        return -(-used // pad_to_multiple_of) * pad_to_multiple_of if pad_to_multiple_of else used
 
+def _joined(micro_batches: list[dict]) -> dict:
+    """One step's micro-batches as one: their rows one after another (what is not one value per row, from the
+    first)."""
+    import torch
+
+    if len(micro_batches) == 1:
+        return micro_batches[0]
+    rows = micro_batches[0]["advantages"].size(0)
+    joined = {}
+    for key, value in micro_batches[0].items():
+        values = [batch[key] for batch in micro_batches]
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.size(0) == rows:
+            joined[key] = torch.cat(values)
+        elif isinstance(value, list) and len(value) == rows:
+            joined[key] = [item for batch in values for item in batch]
+        else:
+            joined[key] = value  # num_items_in_batch, None
+    return joined
+
+
+def _rows(step: dict, index, normalizer: str | None, rows: int, pad_to_multiple_of: int | None) -> dict:
+    """The rows `index` of a step's joined micro-batches, cut to the completion columns they use, with their loss's
+    factor: their share of a micro-batch's `rows` or, for a token normalizer, of its tokens."""
+    import torch
+
+    total = step["advantages"].size(0)
+    completion_mask = step["completion_mask"]
+    used = max(1, int(completion_mask[index].sum(dim=1).max())) if index.numel() else 1
+    width = -(-used // pad_to_multiple_of) * pad_to_multiple_of if pad_to_multiple_of else used
     # The completions' padding on the right is cut; the prompts' on the left stays: cutting it would move every
     # token's position, and the rotary embeddings' rounding with it (the same attention, not the same numbers).
-    completion_width = width(completion_mask[keep].sum(dim=1).max())
-    kept = {}
-    for key, value in inputs.items():
-        if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.size(0) != rows:
-            kept[key] = value  # num_items_in_batch and what is not one value per row
-            continue
-        value = value[keep]
-        if key in COMPLETION_COLUMNS and value.dim() == 2 and value.size(1) > completion_width:
-            value = value[:, :completion_width]
-        kept[key] = value
-    share = LOSS_NORMALIZERS[loss_type]
-    if share == "rows":
-        scale = keep.numel() / rows
-    elif share == "tokens":  # TRL's bnpo divides by the tokens it sees, at least one
-        scale = float(mask[keep].sum().clamp(min=1.0) / mask.sum().clamp(min=1.0))
+    picked = {}
+    for key, value in step.items():
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.size(0) == total:
+            value = value[index]
+            if key in COMPLETION_COLUMNS and value.dim() == 2 and value.size(1) > width:
+                value = value[:, :width]
+        elif isinstance(value, list) and len(value) == total:
+            value = [value[i] for i in index.tolist()]
+        picked[key] = value
+    if normalizer == "rows":
+        scale = index.numel() / rows
+    elif normalizer == "tokens":  # TRL's bnpo divides by the tokens it sees, at least one
+        mask = completion_mask * step["tool_mask"] if "tool_mask" in step else completion_mask
+        scale = float(mask[index].sum().clamp(min=1.0) / mask.sum().clamp(min=1.0))
     else:
         scale = 1.0
-    return kept, scale, rows - keep.numel()
+    picked[LOSS_SCALE] = scale
+    return picked
