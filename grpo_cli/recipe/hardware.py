@@ -150,8 +150,8 @@ def zero_advantage_trained(values: dict) -> str | None:
 def zero_advantage_layout(values: dict, engine: str | None) -> tuple[int, bool, str | None]:
     """Where `skip_zero_advantage` puts the completions a step trains (grpo_cli/train/zero_advantage.py): how many
     micro-batches' completions are regrouped together (the step's, or 1: each micro-batch's own), whether every
-    micro-batch keeps one, and why not all the step's micro-batches left without any are left out (None: they are).
-    `engine`: "DeepSpeed", "FSDP" or None (one process, DDP)."""
+    micro-batch keeps one, and why a micro-batch the regrouping empties still runs its forward/backward (None: it
+    runs none). `engine`: "DeepSpeed", "FSDP" or None (one process, DDP)."""
     accumulation = values.get("gradient_accumulation_steps") or 1
     if LOSS_NORMALIZERS.get(values.get("loss_type")) == "tokens":
         return 1, True, f"{values.get('loss_type')} divides by each micro-batch's tokens"
