@@ -128,10 +128,14 @@ CONFIGS = {
     # completions whose advantage is zero left out of the forward/backward (grpo's default, off in the configurations
     # above: random weights score every completion alike); with rewards that leave some groups flat, such as
     # --rewards benchmarks/half_flat.py:half_flat
-    "grpo-skip": ("grpo", {"micro_batch": "recipe", "skip_zero_advantage": True}),
-    "grpo-lora16-skip": ("grpo", {"micro_batch": "recipe", "lora": LORA16, "skip_zero_advantage": True}),
+    "grpo-skip": ("grpo", {"micro_batch": "recipe", "skip_zero_advantage": True, "pack_micro_batches": True}),
+    "grpo-lora16-skip": (
+        "grpo", {"micro_batch": "recipe", "lora": LORA16, "skip_zero_advantage": True, "pack_micro_batches": True}
+    ),
     "grpo-lora16-fused-skip": (
-        "grpo", {"micro_batch": "recipe", "lora": LORA16, "fused_lora": True, "skip_zero_advantage": True}
+        "grpo",
+        {"micro_batch": "recipe", "lora": LORA16, "fused_lora": True, "skip_zero_advantage": True,
+         "pack_micro_batches": True},
     ),
     # one process under configs/accelerate/zero2.yaml (DeepSpeed ZeRO-2: the weights whole), full fine-tuning
     "trl-zero2": ("trl", {"accelerate": "zero2"}),
@@ -460,9 +464,10 @@ def run_grpo(spec: dict, output_dir: Path) -> None:
         "dataset_seed": 0,
         "reward_funcs": spec["rewards"],
         "output_dir": str(output_dir),
-        # TRL's work: random weights score every completion 0, and grpo would leave all of them (zero advantage) out
-        # of the forward/backward
+        # TRL's work in TRL's micro-batches: random weights score every completion 0, and grpo would leave all of
+        # them (zero advantage) out of the forward/backward
         "skip_zero_advantage": False,
+        "pack_micro_batches": False,
         **_shared_keys(spec),
         **spec["overrides"],
     }

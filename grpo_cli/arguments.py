@@ -235,7 +235,7 @@ class HealthArguments:
 
 @dataclass
 class SamplingArguments:
-    """Which generated groups (the completions of one prompt) `grpo rl` trains on."""
+    """Which generated groups (the completions of one prompt) `grpo rl` trains on, and in which micro-batches."""
 
     dynamic_sampling: bool = field(
         default=False,
@@ -258,6 +258,14 @@ class SamplingArguments:
             "help": "Leave completions whose advantage is zero (their prompt's completions all scored alike) out of "
             "the forward/backward, the others regrouped into as few micro-batches as they fill, the loss scaled to the "
             "same update. Off where beta, an entropy bonus or top_entropy_quantile give them a gradient."
+        },
+    )
+    pack_micro_batches: bool = field(
+        default=True,
+        metadata={
+            "help": "Fill a step's micro-batches, longest completions first, with as many as fit the tokens of "
+            "per_device_train_batch_size completions at the step's longest, so short completions take fewer "
+            "micro-batches; the emptied ones run no forward/backward. One process and DDP."
         },
     )
 

@@ -111,10 +111,10 @@ def by_target(completions, target, **kwargs):
 
 @pytest.mark.parametrize("launcher", ["ddp", "zero3"])
 def test_two_processes_leave_out_different_numbers_of_rows_and_train_as_without(tmp_path, tiny_model_dir, launcher):
-    """`skip_zero_advantage` with two micro-batches of 4 a step and two groups per process, flat on one process and
-    not the other at some steps: each process trains as many rows in each micro-batch as the other (TRL gathers one
-    value per row for its metrics), DDP leaves the same micro-batches out on both, and the run samples, scores and
-    trains as the one that trains every row."""
+    """`skip_zero_advantage` and `pack_micro_batches` with two micro-batches of 4 a step and two groups per process,
+    flat on one process and not the other at some steps: each process trains as many rows in each micro-batch as the
+    other (TRL gathers one value per row for its metrics), DDP leaves the same micro-batches out on both, and the run
+    samples, scores and trains as the one that trains every row in TRL's micro-batches."""
     (tmp_path / "parity.py").write_text(PARITY)
     # float32 throughout: bfloat16 autocast rounds each micro-batch's weight gradients, and the rows are regrouped
     path = recipe_file(tmp_path, tiny_model_dir, "rl", SAMPLER + "gradient_accumulation_steps: 2\nbf16: false\n")
@@ -122,7 +122,7 @@ def test_two_processes_leave_out_different_numbers_of_rows_and_train_as_without(
     for skip in ("true", "false"):
         out = tmp_path / f"skip-{skip}"
         overrides = ("--output_dir", str(out), "--reward_funcs", f"{tmp_path / 'parity.py'}:by_target",
-                     "--max_steps", "3", "--skip_zero_advantage", skip)  # fmt: skip
+                     "--max_steps", "3", "--skip_zero_advantage", skip, "--pack_micro_batches", skip)  # fmt: skip
         _launch_ddp(path, *overrides) if launcher == "ddp" else _launch_zero3(path, *overrides, processes=2)
         runs[skip] = out
     assert same_rollouts(rollouts(runs["true"]), rollouts(runs["false"]))

@@ -436,32 +436,42 @@ def test_the_plan_says_what_samples_the_rollouts_and_why_not_grpos_sampler(tmp_p
 
 
 def test_the_plan_says_whether_zero_advantage_completions_are_trained_and_why(tmp_path):
-    from grpo_cli.recipe.check import zero_advantage_line
+    from grpo_cli.recipe.check import micro_batch_line, zero_advantage_line
     from grpo_cli.recipe.hardware import LOSS_NORMALIZERS
 
-    on = {"skip_zero_advantage": True, "beta": 0.0, "loss_type": "dapo", "gradient_accumulation_steps": 4}
-    regrouped = "completions left out of the forward/backward, the others regrouped into as few micro-batches as they fill"
+    on = {"skip_zero_advantage": True, "beta": 0.0, "loss_type": "dapo", "gradient_accumulation_steps": 4,
+          "per_device_train_batch_size": 16, "pack_micro_batches": True}  # fmt: skip
     # each loss type whose normalizer is known leaves them out; another is named
-    for loss_type in LOSS_NORMALIZERS:
-        line = zero_advantage_line({**on, "loss_type": loss_type})
-        assert line == regrouped if loss_type != "bnpo" else line == (
-            "completions left out of each micro-batch's forward/backward (bnpo divides by each micro-batch's tokens)"
-        )
+    assert {zero_advantage_line({**on, "loss_type": t}) for t in LOSS_NORMALIZERS} == {zero_advantage_line(on)}
     assert "loss_type 'other' is not one of grpo, sapo" in zero_advantage_line({**on, "loss_type": "other"})
-    zero3 = {"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 3}}
-    assert zero_advantage_line(on, zero3) == (
-        "completions left out of the forward/backward, the others regrouped; each micro-batch keeps one (DeepSpeed "
-        "runs every micro-batch's backward)"
-    )
-    assert "(FSDP runs every" in zero_advantage_line(on, {"distributed_type": "FSDP"})
-    assert "steps_per_generation is not a multiple" in zero_advantage_line({**on, "steps_per_generation": 6})
-    assert zero_advantage_line({**on, "steps_per_generation": 8}) == regrouped
-    one = zero_advantage_line({**on, "gradient_accumulation_steps": 1}, zero3)
-    assert one == "completions left out of the forward/backward (one micro-batch a step)"
+    assert zero_advantage_line(on) == "completions left out of the forward/backward"
     assert zero_advantage_line({**on, "skip_zero_advantage": False}) == "completions trained (skip_zero_advantage: false)"
     assert zero_advantage_line({**on, "beta": 0.04}).startswith("completions trained: beta is 0.04: the KL penalty")
     assert "entropy bonus" in zero_advantage_line({**on, "entropy_coef": 0.01})
     assert "top_entropy_quantile" in zero_advantage_line({**on, "top_entropy_quantile": 0.2})
+
+    # and how a step's micro-batches are laid out: packed where a loss allows and micro-batches can be left out
+    packed = micro_batch_line(on)
+    assert packed.startswith("up to 4 a step, filled longest first with as many completions as fit the tokens of 16")
+    assert micro_batch_line({**on, "loss_type": "grpo", "beta": 0.04}) == packed  # rows move, KL or not
+    assert micro_batch_line({**on, "gradient_accumulation_steps": 1}) == "one a step, of 16 completions"
+    assert micro_batch_line({**on, "pack_micro_batches": False}) == (
+        "up to 4 a step, of 16 completions; the emptied ones run no forward/backward"
+    )
+    zero3 = {"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 3}}
+    assert micro_batch_line(on, zero3) == (
+        "4 a step, of at most 16 completions, each one run (DeepSpeed runs every micro-batch's backward)"
+    )
+    assert "(FSDP runs every" in micro_batch_line(on, {"distributed_type": "FSDP"})
+    assert micro_batch_line({**on, "loss_type": "bnpo"}) == (
+        "4 a step, of 16 completions (bnpo divides by each micro-batch's tokens)"
+    )
+    assert "(the entropy bonus is a mean" in micro_batch_line({**on, "entropy_coef": 0.01})
+    assert "steps_per_generation is not a multiple" in micro_batch_line({**on, "steps_per_generation": 6})
+    assert micro_batch_line({**on, "steps_per_generation": 8}) == packed
+    assert micro_batch_line({**on, "pack_micro_batches": False, "skip_zero_advantage": False}) == (
+        "4 a step, of 16 completions"
+    )
 
     path = write(tmp_path, "model_name_or_path: m\nbeta: 0.04\n")
     run = subprocess.run(

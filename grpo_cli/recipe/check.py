@@ -14,8 +14,8 @@ from grpo_cli.errors import UserError
 from grpo_cli.problems import Problem, listing
 from grpo_cli.recipe.hardware import (
     generation_batch,
+    micro_batch_layout,
     rollout_fallback,
-    zero_advantage_layout,
     zero_advantage_trained,
 )
 from grpo_cli.recipe.load import Recipe
@@ -405,6 +405,7 @@ ROW_KEYS = {
     "rollouts": ("rollout_engine",),
     "algorithm": ("loss_type", "beta", "learning_rate", "lr_scheduler_type"),
     "zero advantage": ("skip_zero_advantage", "beta", "loss_type"),
+    "micro-batches": ("pack_micro_batches", "per_device_train_batch_size", "gradient_accumulation_steps"),
     "dynamic sampling": ("dynamic_sampling", "dynamic_sampling_max_rounds"),
     "sequence length": ("max_length",),
     "steps": ("max_steps", "num_train_epochs"),
@@ -432,25 +433,37 @@ def _shown(value) -> str:
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def zero_advantage_line(values: dict, accelerate_config: dict | None = None) -> str:
-    """What the run does with completions whose advantage is zero, in one line (grpo_cli/train/zero_advantage.py)."""
-    from grpo_cli.launch import zero_stage
-
+def zero_advantage_line(values: dict) -> str:
+    """What the run does with completions whose advantage is zero, in one line (grpo_cli/train/micro_batches.py)."""
     if not values.get("skip_zero_advantage"):
         return "completions trained (skip_zero_advantage: false)"
     reason = zero_advantage_trained(values)
-    if reason:
-        return f"completions trained: {reason}"
-    if (values.get("gradient_accumulation_steps") or 1) == 1:
-        return "completions left out of the forward/backward (one micro-batch a step)"
+    return f"completions trained: {reason}" if reason else "completions left out of the forward/backward"
+
+
+def micro_batch_line(values: dict, accelerate_config: dict | None = None) -> str:
+    """How a step's completions are laid out in micro-batches, in one line (grpo_cli/train/micro_batches.py)."""
+    from grpo_cli.launch import zero_stage
+
+    rows = values.get("per_device_train_batch_size")
+    accumulation = values.get("gradient_accumulation_steps") or 1
+    if accumulation == 1:
+        return f"one a step, of {rows} completions"
     fsdp = str((accelerate_config or {}).get("distributed_type", "")).upper() == "FSDP"
     engine = "FSDP" if fsdp else "DeepSpeed" if zero_stage(accelerate_config) is not None else None
-    group, _, why = zero_advantage_layout(values, engine)
+    group, _, why = micro_batch_layout(values, engine)
+    pack = values.get("pack_micro_batches")
+    leave_out = values.get("skip_zero_advantage") and not zero_advantage_trained(values)
+    emptied = "the emptied ones run no forward/backward"
+    if why is None and pack:
+        return (f"up to {accumulation} a step, filled longest first with as many completions as fit the tokens of "
+                f"{rows} at the step's longest; {emptied}")
     if why is None:
-        return "completions left out of the forward/backward, the others regrouped into as few micro-batches as they fill"
-    if group == 1:
-        return f"completions left out of each micro-batch's forward/backward ({why})"
-    return f"completions left out of the forward/backward, the others regrouped; each micro-batch keeps one ({why})"
+        return f"up to {accumulation} a step, of {rows} completions; {emptied}" if leave_out else \
+            f"{accumulation} a step, of {rows} completions"
+    if group > 1 and leave_out:
+        return f"{accumulation} a step, of at most {rows} completions, each one run ({why})"
+    return f"{accumulation} a step, of {rows} completions" + (f" ({why})" if pack else "")
 
 
 def rollout_path(values: dict, accelerate_config: dict | None) -> str:
@@ -523,7 +536,8 @@ def build_plan(recipe: Recipe, num_processes: int, accelerate_config: dict | Non
              + f"{v.get('max_completion_length')} tokens"),
             ("rollouts", rollout_path(v, accelerate_config)),
             ("algorithm", f"loss {v.get('loss_type')}, beta {v.get('beta')}, lr {lr}"),
-            ("zero advantage", zero_advantage_line(v, accelerate_config)),
+            ("zero advantage", zero_advantage_line(v)),
+            ("micro-batches", micro_batch_line(v, accelerate_config)),
         ]
         if v.get("dynamic_sampling"):
             rounds = v.get("dynamic_sampling_max_rounds")

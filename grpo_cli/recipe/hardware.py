@@ -118,7 +118,7 @@ def rollout_fallback(values: dict, sharding: str | None) -> str | None:
 
 # What each of TRL's loss types divides a micro-batch's summed token losses by, for those whose loss is a sum of one
 # term per completion times its advantage: "rows" (the micro-batch's row count), "tokens" (its completion tokens), or
-# None (the whole generation batch's tokens, the same for every micro-batch). grpo_cli/train/zero_advantage.py scales
+# None (the whole generation batch's tokens, the same for every micro-batch). grpo_cli/train/micro_batches.py scales
 # a loss over fewer rows by it.
 LOSS_NORMALIZERS = {
     "grpo": "rows",
@@ -134,7 +134,7 @@ LOSS_NORMALIZERS = {
 
 def zero_advantage_trained(values: dict) -> str | None:
     """Why a run's completions whose advantage is zero have a gradient and are trained (`skip_zero_advantage`,
-    grpo_cli/train/zero_advantage.py), from its keys; None where they have none and are left out of the
+    grpo_cli/train/micro_batches.py), from its keys; None where they have none and are left out of the
     forward/backward. A model with a router loss (mixtures of experts) is known once it is loaded."""
     if values.get("beta"):
         return f"beta is {values['beta']:g}: the KL penalty gives every completion a gradient"
@@ -147,14 +147,22 @@ def zero_advantage_trained(values: dict) -> str | None:
     return None
 
 
-def zero_advantage_layout(values: dict, engine: str | None) -> tuple[int, bool, str | None]:
-    """Where `skip_zero_advantage` puts the completions a step trains (grpo_cli/train/zero_advantage.py): how many
+def micro_batch_layout(values: dict, engine: str | None) -> tuple[int, bool, str | None]:
+    """How `grpo rl` may lay out the completions a step trains (grpo_cli/train/micro_batches.py): how many
     micro-batches' completions are regrouped together (the step's, or 1: each micro-batch's own), whether every
-    micro-batch keeps one, and why a micro-batch the regrouping empties still runs its forward/backward (None: it
-    runs none). `engine`: "DeepSpeed", "FSDP" or None (one process, DDP)."""
+    micro-batch keeps one, and why the step's micro-batches are not packed and the emptied ones still run (None:
+    they are packed and run no forward/backward). `engine`: "DeepSpeed", "FSDP" or None (one process, DDP). A model
+    with a router loss (mixtures of experts) is known once it is loaded."""
     accumulation = values.get("gradient_accumulation_steps") or 1
-    if LOSS_NORMALIZERS.get(values.get("loss_type")) == "tokens":
-        return 1, True, f"{values.get('loss_type')} divides by each micro-batch's tokens"
+    loss_type = values.get("loss_type")
+    if loss_type not in LOSS_NORMALIZERS:
+        return 1, True, f"loss_type {loss_type!r} is not one of {', '.join(LOSS_NORMALIZERS)}"
+    if LOSS_NORMALIZERS[loss_type] == "tokens":
+        return 1, True, f"{loss_type} divides by each micro-batch's tokens"
+    if values.get("entropy_coef") or values.get("use_adaptive_entropy"):
+        return 1, True, "the entropy bonus is a mean over each micro-batch's tokens"
+    if values.get("top_entropy_quantile", 1.0) < 1.0:
+        return 1, True, "top_entropy_quantile's mask is taken over each micro-batch"
     if (values.get("steps_per_generation") or accumulation) % accumulation:
         return 1, True, "steps_per_generation is not a multiple of gradient_accumulation_steps"
     if engine:

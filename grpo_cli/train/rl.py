@@ -19,7 +19,7 @@ from trl import GRPOTrainer
 from grpo_cli.engine import is_nonfinite_sampling
 from grpo_cli.engine.offload import LayerInputOffload
 from grpo_cli.recipe import Recipe, reward_funcs, reward_names
-from grpo_cli.recipe.hardware import zero_advantage_layout
+from grpo_cli.recipe.hardware import micro_batch_layout
 from grpo_cli.rewards import accuracy_reward
 from grpo_cli.tasks import as_chats
 from grpo_cli.train.batch_hooks import GuardedScores, RolloutsFile, SolvedGroups
@@ -27,15 +27,15 @@ from grpo_cli.train.dynamic_sampling import DynamicSampler
 from grpo_cli.train.health import GuardedSteps, NonFiniteStop
 from grpo_cli.train.master_weights import MasterWeightsSteps
 from grpo_cli.train.memory_fixes import explains_out_of_memory
+from grpo_cli.train.micro_batches import LOSS_SCALE, cannot_skip, regroup
 from grpo_cli.train.rollout_func import static_rollout
 from grpo_cli.train.run import TrainingRun
-from grpo_cli.train.zero_advantage import LOSS_SCALE, cannot_skip, regroup
 from grpo_cli.trl_private import BatchSteps, logs_of, metrics_of
 
 logger = logging.getLogger("grpo_cli.train.rl")
 
-# Where a micro-batch may run no forward and backward (`skip_zero_advantage`): one process and DDP, whose gradients
-# are averaged in the backward of a step's last micro-batch. DeepSpeed's and FSDP's engines count on every one.
+# Where a micro-batch may run no forward and backward: one process and DDP, whose gradients are averaged in the
+# backward of a step's last micro-batch. DeepSpeed's and FSDP's engines count on every one.
 SKIPS_MICRO_BATCHES = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
 ENGINES = {DistributedType.DEEPSPEED: "DeepSpeed", DistributedType.FSDP: "FSDP"}
 
@@ -45,11 +45,12 @@ class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
     (`grpo_cli.train.batch_hooks`: solved groups, the step guard's checks, the rollouts file), stops the run when a
     rollout's probabilities are not finite, and with a `dynamic_sampler` trains only on groups whose completions got
     different rewards (`grpo_cli.train.dynamic_sampling`); with `skip_zero_advantage` its micro-batches leave the
-    completions whose advantage is zero out of the forward and backward (`grpo_cli.train.zero_advantage`). It takes
-    over TRL's steps of a generation batch through `BatchSteps` (grpo_cli/trl_private.py), under names of our own."""
+    completions whose advantage is zero out of the forward and backward, and with `pack_micro_batches` they are
+    filled by tokens (`grpo_cli.train.micro_batches`). It takes over TRL's steps of a generation batch through
+    `BatchSteps` (grpo_cli/trl_private.py), under names of our own."""
 
     last_rewards = None  # the latest scored batch's rewards, gathered from every process: a column per reward
-    rows_left_out = 0.0  # the share of the latest generation batch's rows left out of the forward and backward
+    rows_left_out = None  # the share of the latest generation batch's rows left out (None: none are)
 
     def __init__(
         self,
@@ -57,37 +58,49 @@ class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
         dynamic_sampler: DynamicSampler | None = None,
         after_scoring: list[Callable] | None = None,
         skip_zero_advantage: bool = False,
+        pack_micro_batches: bool = False,
         **kwargs,
     ):
         """GRPOTrainer's arguments (and GuardedSteps' `step_guard`, MasterWeightsSteps' `master_weights`), and:
         `dynamic_sampler`, the recipe's dynamic sampling (None: off); `after_scoring`, what to do with each scored
         training batch, in order (`grpo_cli.train.batch_hooks`); `skip_zero_advantage`, leave zero-advantage
-        completions out of the forward and backward where they have no gradient (said once where they have one)."""
+        completions out of the forward and backward where they have no gradient; `pack_micro_batches`, fill each
+        step's micro-batches by tokens (grpo_cli/train/micro_batches.py; each said once where it cannot be)."""
         # set first: GRPOTrainer's constructor may already call into the methods that read them
         self.dynamic_sampler = dynamic_sampler
         self.after_scoring = list(after_scoring or [])
-        self.skip_zero_advantage = False
+        self.skip_zero_advantage = self.pack_micro_batches = False
         super().__init__(*args, **kwargs)
         reason = cannot_skip(self) if skip_zero_advantage else None
         if reason:
             logger.warning("skip_zero_advantage: every completion goes through the forward and backward (%s)", reason)
         self.skip_zero_advantage = skip_zero_advantage and reason is None
-
-    def regroup(self, micro_batches):
-        if not self.skip_zero_advantage:
-            return micro_batches
         distributed = self.accelerator.distributed_type
         engine = None if distributed in SKIPS_MICRO_BATCHES else ENGINES.get(distributed, str(distributed.value))
-        group, every, _ = zero_advantage_layout(vars(self.args), engine)
-        several = self.accelerator.num_processes > 1
-        micro_batches, self.rows_left_out = regroup(
+        self.layout = micro_batch_layout(vars(self.args), engine)
+        if getattr(self, "aux_loss_enabled", False):
+            self.layout = (1, True, "the model's router loss is a mean over each micro-batch")
+        why = self.layout[2]
+        if pack_micro_batches and why and self.args.gradient_accumulation_steps > 1:
+            logger.warning("pack_micro_batches: every micro-batch runs, with at most per_device_train_batch_size "
+                           "completions (%s)", why)
+        self.pack_micro_batches = pack_micro_batches and why is None
+
+    def regroup(self, micro_batches):
+        if not (self.skip_zero_advantage or self.pack_micro_batches):
+            return micro_batches
+        group, every, _ = self.layout
+        micro_batches, left_out = regroup(
             micro_batches,
             self.loss_type,
             group,
+            leave_out=self.skip_zero_advantage,
+            pack=self.pack_micro_batches,
             every_micro_batch=every,
-            most=(lambda counts: self.accelerator.reduce(counts, reduction="max")) if several else None,
+            processes=self.accelerator if self.accelerator.num_processes > 1 else None,
             pad_to_multiple_of=self.pad_to_multiple_of,
         )
+        self.rows_left_out = left_out if self.skip_zero_advantage else None
         return micro_batches
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -95,10 +108,11 @@ class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         inputs = dict(inputs)  # a buffered micro-batch trains again with more iterations
         scale = inputs.pop(LOSS_SCALE)
-        metrics_of(self)["frac_rows_skipped"].append(self.rows_left_out)
+        if self.rows_left_out is not None:
+            metrics_of(self)["frac_rows_skipped"].append(self.rows_left_out)
         if inputs["advantages"].size(0) == 0:  # its rows train in another of the step's micro-batches
             if self.accelerator.sync_gradients and self.accelerator.num_processes > 1:
-                raise RuntimeError("skip_zero_advantage left out the micro-batch that averages the gradients")
+                raise RuntimeError("a step's regrouping emptied the micro-batch that averages the gradients")
             return torch.zeros((), device=self.accelerator.device, requires_grad=True)
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         return loss if scale == 1.0 else loss * scale
@@ -178,6 +192,7 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
                 dynamic_sampler=DynamicSampler(recipe.sampling) if recipe.sampling.dynamic_sampling else None,
                 after_scoring=after_scoring,
                 skip_zero_advantage=recipe.sampling.skip_zero_advantage,
+                pack_micro_batches=recipe.sampling.pack_micro_batches,
                 step_guard=run.guard,
                 master_weights=recipe.health.master_weights,
                 master_weights_rounding=recipe.health.master_weights_rounding,

@@ -1,5 +1,6 @@
-"""`skip_zero_advantage`: completions whose advantage is zero left out of the forward and backward, with TRL's own loss
-on the tiny model giving the same gradients, and real `grpo rl` runs."""
+"""A step's micro-batches laid out again: completions whose advantage is zero left out of the forward and backward
+(`skip_zero_advantage`) and the others packed by tokens (`pack_micro_batches`), with TRL's own loss on the tiny model
+giving the same gradients, and real `grpo rl` runs."""
 
 from __future__ import annotations
 
@@ -10,18 +11,19 @@ import pytest
 import torch
 from test_dynamic_sampling import history, recipe, train
 
-from grpo_cli.recipe.hardware import LOSS_NORMALIZERS
+from grpo_cli.recipe.hardware import LOSS_NORMALIZERS, micro_batch_layout
+from grpo_cli.train.micro_batches import LOSS_SCALE, cannot_skip, regroup
 from grpo_cli.train.progress import metrics_line
-from grpo_cli.train.zero_advantage import LOSS_SCALE, cannot_skip, regroup
 
 
-def micro_batch(vocab: int, advantages: list[float], seed: int = 0) -> dict:
+def micro_batch(vocab: int, advantages: list[float], seed: int = 0, lengths: list[int] | None = None) -> dict:
     """A micro-batch as GRPOTrainer trains on: prompts of 3-9 tokens padded on the left, completions of 1-12 tokens
-    padded on the right (and to 16 columns, as a longer row elsewhere in the generation batch leaves them)."""
+    (or `lengths`) padded on the right (and to 16 columns, as a longer row elsewhere in the generation batch leaves
+    them)."""
     g = torch.Generator().manual_seed(seed)
     rows = len(advantages)
     prompt_lengths = torch.randint(3, 10, (rows,), generator=g)
-    completion_lengths = torch.randint(1, 13, (rows,), generator=g)
+    completion_lengths = torch.randint(1, 13, (rows,), generator=g) if lengths is None else torch.tensor(lengths)
     prompt_mask = (torch.arange(12) >= 12 - prompt_lengths[:, None]).long()
     completion_mask = (torch.arange(16) < completion_lengths[:, None]).long()
     return {
@@ -35,10 +37,12 @@ def micro_batch(vocab: int, advantages: list[float], seed: int = 0) -> dict:
     }
 
 
-def generation_batch(vocab: int, advantages: list[float], micro_batches: int = 2, seed: int = 0) -> list[dict]:
+def generation_batch(
+    vocab: int, advantages: list[float], micro_batches: int = 2, seed: int = 0, lengths: list[int] | None = None
+) -> list[dict]:
     """A generation batch split into micro-batches of equal size, as GRPOTrainer splits it (`num_items_in_batch`,
     the whole batch's tokens, in each)."""
-    whole = micro_batch(vocab, advantages, seed)
+    whole = micro_batch(vocab, advantages, seed, lengths)
     whole["num_items_in_batch"] = whole["completion_mask"].sum()
     rows = len(advantages) // micro_batches
     return [{k: v if v.dim() == 0 else v[i * rows : (i + 1) * rows] for k, v in whole.items()}
@@ -67,6 +71,18 @@ def sizes(micro_batches: list[dict]) -> list[int]:
     return [batch["advantages"].size(0) for batch in micro_batches]
 
 
+class MostRows:
+    """What the other processes of a launch tell this one when it regroups (`regroup`'s `processes`): the most rows
+    with signal any of them has in each step."""
+
+    def __init__(self, most: int):
+        self.most = most
+
+    def reduce(self, counts, reduction):
+        assert reduction == "max"
+        return torch.maximum(counts, torch.full_like(counts, self.most))
+
+
 ADVANTAGES = [0.0, 1.5, 0.0, -0.5, 0.0, 0.0, 2.0, -3.0, 0.0, 0.0, 1.0, 0.0, 0.0, -1.0, 0.0, 0.0]
 
 
@@ -85,9 +101,10 @@ def test_the_regrouped_rows_give_the_gradient_of_every_row(tmp_path, tiny_grpo_t
         g = torch.Generator().manual_seed(i)
         batch["old_per_token_logps"] = -torch.rand(batch["completion_ids"].shape, generator=g)
     full_loss, full = gradients(trainer, step)
-    regrouped, left_out = regroup(step, loss_type, group=2)
+    group, _, _ = micro_batch_layout({"loss_type": loss_type, "gradient_accumulation_steps": 2}, None)
+    regrouped, left_out = regroup(step, loss_type, group)
     # as another process with 10 rows of signal would make it: 4 zero-advantage rows more, the same gradient
-    more, more_left_out = regroup(step, loss_type, group=2, most=lambda counts: torch.full_like(counts, 10))
+    more, more_left_out = regroup(step, loss_type, group, processes=MostRows(10))
     if LOSS_NORMALIZERS[loss_type] == "tokens":  # bnpo: each micro-batch keeps its own rows
         assert sizes(regrouped) == [4, 2] and left_out == 10 / 16
         assert sizes(more) == [8, 8] and more_left_out == 0
@@ -140,6 +157,43 @@ def test_a_step_without_signal_trains_its_shortest_row_in_its_last_micro_batch(t
     assert regroup(with_images, "dapo", group=3) == (with_images, 0.0)
 
 
+# Completion lengths of a step of 4 micro-batches of 4: one row at 16 tokens, the others short.
+LENGTHS = [16, 3, 3, 3, 2, 2, 2, 2, 4, 4, 4, 4, 1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+def test_packed_micro_batches_fill_the_tokens_of_one_and_give_the_gradient_of_every_row(
+    tmp_path, tiny_grpo_trainer, loss_type
+):
+    """Packed by tokens, a step of short completions fills fewer micro-batches, none holding more tokens than the one
+    GRPOTrainer cut (4 rows x 12 prompt + 16 completion columns), and trains to the same loss and gradients."""
+    trainer = tiny_grpo_trainer(tmp_path, [lambda completions, **kw: [0.0] * len(completions)],
+                                loss_type=loss_type, beta=0.0, bf16=False)  # fmt: skip
+    trainer.model.train()
+    advantages = [1.0, -1.0, 0.5, -0.5] * 4
+    step = generation_batch(trainer.model.config.vocab_size, advantages, micro_batches=4, lengths=LENGTHS)
+    full_loss, full = gradients(trainer, step)
+    packed, left_out = regroup(step, loss_type, 4, leave_out=False, pack=True)
+    # longest first: 4 rows at 12 + 16 columns (112 tokens), 7 at 12 + 4 (112), the last 5 at 12 + 2 (70)
+    assert sizes(packed) == [0, 4, 7, 5] and left_out == 0
+    assert [b["completion_mask"].sum(dim=1).tolist() for b in packed[1:]] == [
+        [16, 4, 4, 4], [4, 3, 3, 3, 2, 2, 2], [2, 1, 1, 1, 1]
+    ]
+    for batch in packed[1:]:
+        assert batch["advantages"].size(0) * (12 + batch["completion_ids"].size(1)) <= 4 * (12 + 16)
+    packed_loss, grads = gradients(trainer, packed)
+    assert packed_loss == pytest.approx(full_loss, rel=1e-6, abs=1e-9)
+    for a, c in zip(grads, full):
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-6 * float(c.abs().max()))
+    # with the zero-advantage rows left out too: the 8 rows with signal in fewer micro-batches still
+    half = generation_batch(trainer.model.config.vocab_size, [1.0, -1.0, 0.0, 0.0] * 4, micro_batches=4,
+                            lengths=LENGTHS)  # fmt: skip
+    packed, left_out = regroup(half, loss_type, 4, pack=True)
+    assert sizes(packed)[:2] == [0, 0] and sum(sizes(packed)) == 8 and left_out == 0.5
+    # not packed: micro-batches of 4 rows
+    assert sizes(regroup(half, loss_type, 4)[0]) == [0, 0, 4, 4]
+
+
 @pytest.mark.parametrize(
     "config, reason",
     [
@@ -155,27 +209,92 @@ def test_settings_that_give_every_completion_a_gradient_are_named(tmp_path, tiny
     assert (said is None) if reason is None else (reason in said)
 
 
+class Regrouped:
+    """`grpo rl`'s trainer recording the rows of each micro-batch it regroups, one list per generation batch."""
+
+    def __init__(self, monkeypatch):
+        from grpo_cli.train import rl
+
+        self.sizes: list[list[int]] = []
+        sizes = self.sizes
+
+        class Regrouping(rl.RLTrainer):
+            def regroup(self, micro_batches):
+                micro_batches = super().regroup(micro_batches)
+                sizes.append([batch["advantages"].size(0) for batch in micro_batches])
+                return micro_batches
+
+        self.trainer = Regrouping
+        self.monkeypatch = monkeypatch
+
+    def train(self, path):
+        from grpo_cli.train import rl
+
+        self.monkeypatch.setattr(rl, "RLTrainer", self.trainer)  # `train` records through a subclass of its own
+        return train(path, self.monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def short_completions_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model made to end its completions at lengths that vary (the random model alone runs each to the
+    limit): every token's embedding gets 1 more in its first coordinate, which then dominates the last hidden state at
+    every position, so the (tied) output weights add the same logit to every token there, and the end-of-text token's
+    0.85 more makes it about one sampled token in seventy (TRL samples from the whole vocabulary: top_k 0)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        embeddings = model.get_input_embeddings().weight
+        embeddings[:, 0] += 1.0
+        embeddings[tokenizer.eos_token_id, 0] += 0.85
+    out = tmp_path_factory.mktemp("short_completions_model")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.mark.slow
+def test_a_run_packs_short_completions_into_fewer_micro_batches_and_learns_as_without(
+    tmp_path, short_completions_model_dir, monkeypatch
+):
+    """Real `grpo rl` runs, four micro-batches of 2 a step, of completions up to 256 tokens that end at different
+    lengths: packed by tokens, steps run fewer micro-batches of more rows and train to the same rewards, losses and
+    gradient norms as TRL's micro-batches."""
+    recorded = Regrouped(monkeypatch)
+
+    def run(extra: str, name: str):
+        path = recipe(tmp_path, short_completions_model_dir, "never_flat", extra, name, 2, batch=2)
+        path.write_text(path.read_text().replace("max_completion_length: 8", "max_completion_length: 256"))
+        return recorded.train(path)
+
+    four = "gradient_accumulation_steps: 4\nbf16: false\n"
+    packed, _ = run(four, "packed")
+    plain, trained = run(four + "skip_zero_advantage: false\npack_micro_batches: false\n", "trl")
+    lengths = [batch["completion_mask"].sum(dim=1).tolist() for batch in trained]
+    assert any(len(set(step)) > 2 for step in lengths), lengths  # completions of several lengths
+    packed_logs, plain_logs = history(packed), history(plain)
+    assert len(packed_logs) == len(plain_logs) == 2
+    for a, b in zip(packed_logs, plain_logs):
+        assert a["reward"] == b["reward"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6, abs=1e-7)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6, abs=1e-9)
+    assert recorded.sizes[2:] == [[2, 2, 2, 2]] * 2  # TRL's
+    assert all(sum(step) == 8 and step[-1] > 0 for step in recorded.sizes[:2])
+    assert any(step[0] == 0 and max(step) > 2 for step in recorded.sizes[:2]), recorded.sizes
+
+
 @pytest.mark.slow
 def test_a_run_leaves_flat_groups_out_and_learns_as_without(tmp_path, tiny_model_dir, monkeypatch):
     """Real `grpo rl` runs, two micro-batches of 4 a step, on rewards where every prompt with an even target is a
     flat group: the same rewards, losses and gradient norms step for step with and without `skip_zero_advantage`, a
     micro-batch left out where one holds every row with signal, and the share left out logged."""
-    from grpo_cli.train import rl
-
-    regrouped: list[list[int]] = []
-
-    class Regrouping(rl.RLTrainer):
-        def regroup(self, micro_batches):
-            micro_batches = super().regroup(micro_batches)
-            regrouped.append([batch["advantages"].size(0) for batch in micro_batches])
-            return micro_batches
-
-    monkeypatch.setattr(rl, "RLTrainer", Regrouping)
+    recorded = Regrouped(monkeypatch)
     two = "gradient_accumulation_steps: 2\nbf16: false\n"  # float32: bfloat16 autocast rounds each micro-batch
-    on, trained = train(recipe(tmp_path, tiny_model_dir, "by_target", two, "on", 4, batch=4), monkeypatch)
-    monkeypatch.setattr(rl, "RLTrainer", Regrouping)  # `train` records through a subclass of its own
-    off, _ = train(recipe(tmp_path, tiny_model_dir, "by_target", two + "skip_zero_advantage: false\n", "off", 4, 4),
-                   monkeypatch)
+    on, trained = recorded.train(recipe(tmp_path, tiny_model_dir, "by_target", two, "on", 4, batch=4))
+    as_trl = two + "skip_zero_advantage: false\npack_micro_batches: false\n"  # TRL's own micro-batches
+    off, _ = recorded.train(recipe(tmp_path, tiny_model_dir, "by_target", as_trl, "off", 4, 4))
+    regrouped = recorded.sizes
     on_logs, off_logs = history(on), history(off)
     assert len(on_logs) == len(off_logs) == 4
     for a, b in zip(on_logs, off_logs):
@@ -184,7 +303,8 @@ def test_a_run_leaves_flat_groups_out_and_learns_as_without(tmp_path, tiny_model
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6, abs=1e-9)
     signal = [int((batch["advantages"] != 0).sum()) for batch in trained]
     assert len(regrouped) == 8 and regrouped[4:] == [[4, 4]] * 4  # the run without the skip: as TRL splits them
-    assert regrouped[:4] == [[4, 4] if n > 4 else [0, max(n, 1)] for n in signal]
+    for sizes_, n in zip(regrouped[:4], signal):  # the rows with signal (at least one), the step's last one trained
+        assert sum(sizes_) == max(n, 1) and sizes_[-1] > 0 and (sizes_[0] == 0 or n > 4)
     assert any(0 < n <= 4 for n in signal)  # the comparison covers a step with a micro-batch left out
     for logged, n in zip([e["frac_rows_skipped"] for e in on_logs], signal):
         assert logged == pytest.approx(1 - max(n, 1) / 8)
