@@ -77,10 +77,10 @@ class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
         self.skip_zero_advantage = skip_zero_advantage and reason is None
         distributed = self.accelerator.distributed_type
         engine = None if distributed in SKIPS_MICRO_BATCHES else ENGINES.get(distributed, str(distributed.value))
-        self.layout = micro_batch_layout(vars(self.args), engine)
+        self.regrouping = micro_batch_layout(vars(self.args), engine)
         if getattr(self, "aux_loss_enabled", False):
-            self.layout = (1, True, "the model's router loss is a mean over each micro-batch")
-        why = self.layout[2]
+            self.regrouping = (1, True, "the model's router loss is a mean over each micro-batch")
+        why = self.regrouping[2]
         if pack_micro_batches and why and self.args.gradient_accumulation_steps > 1:
             logger.warning("pack_micro_batches: every micro-batch runs, with at most per_device_train_batch_size "
                            "completions (%s)", why)
@@ -89,7 +89,7 @@ class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
     def regroup(self, micro_batches):
         if not (self.skip_zero_advantage or self.pack_micro_batches):
             return micro_batches
-        group, every, _ = self.layout
+        group, every, _ = self.regrouping
         micro_batches, left_out = regroup(
             micro_batches,
             self.loss_type,
