@@ -443,14 +443,12 @@ def zero_advantage_line(values: dict) -> str:
 
 def micro_batch_line(values: dict, accelerate_config: dict | None = None) -> str:
     """How a step's completions are laid out in micro-batches, in one line (grpo_cli/train/micro_batches.py)."""
-    from grpo_cli.launch import zero_stage
-
     rows = values.get("per_device_train_batch_size")
     accumulation = values.get("gradient_accumulation_steps") or 1
     if accumulation == 1:
         return f"one a step, of {rows} completions"
-    fsdp = str((accelerate_config or {}).get("distributed_type", "")).upper() == "FSDP"
-    engine = "FSDP" if fsdp else "DeepSpeed" if zero_stage(accelerate_config) is not None else None
+    sharded = sharding(accelerate_config)
+    engine = None if sharded is None else "FSDP" if sharded == "fsdp" else "DeepSpeed"
     group, _, why = micro_batch_layout(values, engine)
     pack = values.get("pack_micro_batches")
     leave_out = values.get("skip_zero_advantage") and not zero_advantage_trained(values)
@@ -466,19 +464,25 @@ def micro_batch_line(values: dict, accelerate_config: dict | None = None) -> str
     return f"{accumulation} a step, of {rows} completions" + (f" ({why})" if pack else "")
 
 
-def rollout_path(values: dict, accelerate_config: dict | None) -> str:
-    """What samples the run's completions, in one line: grpo's sampler, or TRL's generation and why."""
+def sharding(accelerate_config: dict | None) -> str | None:
+    """How an accelerate config shards the model: "fsdp", "zero1" to "zero3" (DeepSpeed), or None."""
     from grpo_cli.launch import zero_stage
 
+    if str((accelerate_config or {}).get("distributed_type", "")).upper() == "FSDP":
+        return "fsdp"
+    stage = zero_stage(accelerate_config)
+    return None if stage is None else f"zero{stage}"
+
+
+def rollout_path(values: dict, accelerate_config: dict | None) -> str:
+    """What samples the run's completions, in one line: grpo's sampler, or TRL's generation and why."""
     if values.get("rollout_engine") != "grpo":
         return "TRL's generate (rollout_engine: trl)" + (" with vLLM" if values.get("use_vllm") else "")
-    stage = zero_stage(accelerate_config)
-    fsdp = str((accelerate_config or {}).get("distributed_type", "")).upper() == "FSDP"
-    sharding = "fsdp" if fsdp else None if stage is None else f"zero{stage}"
-    reason = rollout_fallback(values, sharding)
+    sharded = sharding(accelerate_config)
+    reason = rollout_fallback(values, sharded)
     if reason:
         return f"TRL's generate: {reason}"
-    if sharding == "zero3":
+    if sharded == "zero3":
         return "grpo's sampler, the ZeRO-3 weights gathered once per generation batch (a whole copy per GPU while it samples)"
     return "grpo's sampler"
 

@@ -87,8 +87,9 @@ def regroup(
     rows = micro_batches[0]["advantages"].size(0)
     normalizer = LOSS_NORMALIZERS[loss_type]
     steps = [_joined(micro_batches[i : i + group]) for i in range(0, len(micro_batches), group)]
-    signal = [rows_with_signal(step["advantages"]) if leave_out else step["advantages"].new_ones(
-        step["advantages"].size(0), dtype=torch.bool) for step in steps]  # fmt: skip
+    advantages = [step["advantages"] for step in steps]
+    signal = [rows_with_signal(a) if leave_out else torch.ones(a.size(0), dtype=torch.bool, device=a.device)
+              for a in advantages]  # fmt: skip
     counts = torch.stack([flags.sum() for flags in signal])
     counts = (processes.reduce(counts, reduction="max") if processes is not None else counts).tolist()
     out, left_out = [], 0
@@ -104,8 +105,7 @@ def regroup(
             sizes = _packed_sizes(step, lengths[keep], rows, processes, pad_to_multiple_of)
         else:
             sizes = [rows] * (trained // rows) + ([trained % rows] if trained % rows else [])
-        starts = [sum(sizes[:i]) for i in range(len(sizes))]
-        chunks = [keep[start : start + size] for start, size in zip(starts, sizes)]
+        chunks = list(keep.split(sizes))
         one_row = slots - len(chunks) if every_micro_batch else 0
         extra = [order[trained + i : trained + i + 1] for i in range(one_row)]
         empty = order[:0]
