@@ -83,6 +83,7 @@ SHAPES = {  # Qwen2.5 shapes (config.json of the released models), random weight
 # of about 8192 completion tokens, at most 32 completions (`recipe_micro_batch`): the same GRPO work either way (TRL's
 # losses sum or average over the whole step).
 LORA16 = {"r": 16, "alpha": 32, "target_modules": "all-linear"}
+SKIP = {"skip_zero_advantage": True, "pack_micro_batches": True}  # grpo's defaults, off on the grpo side otherwise
 CONFIGS = {
     "trl": ("trl", {}),
     "grpo": ("grpo", {"micro_batch": "recipe"}),
@@ -128,15 +129,9 @@ CONFIGS = {
     # completions whose advantage is zero left out of the forward/backward (grpo's default, off in the configurations
     # above: random weights score every completion alike); with rewards that leave some groups flat, such as
     # --rewards benchmarks/half_flat.py:half_flat
-    "grpo-skip": ("grpo", {"micro_batch": "recipe", "skip_zero_advantage": True, "pack_micro_batches": True}),
-    "grpo-lora16-skip": (
-        "grpo", {"micro_batch": "recipe", "lora": LORA16, "skip_zero_advantage": True, "pack_micro_batches": True}
-    ),
-    "grpo-lora16-fused-skip": (
-        "grpo",
-        {"micro_batch": "recipe", "lora": LORA16, "fused_lora": True, "skip_zero_advantage": True,
-         "pack_micro_batches": True},
-    ),
+    "grpo-skip": ("grpo", {"micro_batch": "recipe", **SKIP}),
+    "grpo-lora16-skip": ("grpo", {"micro_batch": "recipe", "lora": LORA16, **SKIP}),
+    "grpo-lora16-fused-skip": ("grpo", {"micro_batch": "recipe", "lora": LORA16, "fused_lora": True, **SKIP}),
     # one process under configs/accelerate/zero2.yaml (DeepSpeed ZeRO-2: the weights whole), full fine-tuning
     "trl-zero2": ("trl", {"accelerate": "zero2"}),
     "grpo-zero2": ("grpo", {"micro_batch": "recipe", "accelerate": "zero2"}),
