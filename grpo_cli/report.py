@@ -428,6 +428,7 @@ def run_table(run: RunLogs) -> list[str]:
             ("clipped", "completions/clipped_ratio", "share"),
             ("zero-std groups", "frac_reward_zero_std", "share"),
             ("skipped", "frac_rows_skipped", "share"),  # completions left out of the forward/backward
+            ("micro-batches", "micro_batches_run", "num"),  # a step's micro-batches with a forward/backward
         ]
         if run.solved:  # the zero-variance groups that are solved, not failed: the prompts are too easy
             columns.append(("solved groups", "solved", "share"))

@@ -282,6 +282,8 @@ def test_a_run_packs_short_completions_into_fewer_micro_batches_and_learns_as_wi
     assert recorded.sizes[2:] == [[2, 2, 2, 2]] * 2  # TRL's
     assert all(sum(step) == 8 and step[-1] > 0 for step in recorded.sizes[:2])
     assert any(step[0] == 0 and max(step) > 2 for step in recorded.sizes[:2]), recorded.sizes
+    assert [e["micro_batches_run"] for e in packed_logs] == [sum(map(bool, s)) for s in recorded.sizes[:2]]
+    assert not any("micro_batches_run" in e for e in plain_logs)  # TRL's: all 4
 
 
 @pytest.mark.slow
@@ -309,9 +311,11 @@ def test_a_run_leaves_flat_groups_out_and_learns_as_without(tmp_path, tiny_model
     for logged, n in zip([e["frac_rows_skipped"] for e in on_logs], signal):
         assert logged == pytest.approx(1 - max(n, 1) / 8)
     assert not any("frac_rows_skipped" in e for e in off_logs)
+    assert [e["micro_batches_run"] for e in on_logs] == [sum(map(bool, s)) for s in regrouped[:4]]
     assert f"skipped {on_logs[0]['frac_rows_skipped']:.2f}" in metrics_line(1, 4, on_logs[0])
     # the run's report has the share as a column, where it was logged
-    assert "| skipped |" in (on / "report.md").read_text() and "| skipped |" not in (off / "report.md").read_text()
+    for column in ("| skipped |", "| micro-batches |"):
+        assert column in (on / "report.md").read_text() and column not in (off / "report.md").read_text()
 
 
 @pytest.mark.slow

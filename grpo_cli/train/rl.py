@@ -51,6 +51,7 @@ class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
 
     last_rewards = None  # the latest scored batch's rewards, gathered from every process: a column per reward
     rows_left_out = None  # the share of the latest generation batch's rows left out (None: none are)
+    micro_batches_run = None  # the micro-batches with rows, per optimizer step, of the latest regrouped batch
 
     def __init__(
         self,
@@ -101,6 +102,8 @@ class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
             pad_to_multiple_of=self.pad_to_multiple_of,
         )
         self.rows_left_out = left_out if self.skip_zero_advantage else None
+        ran = sum(1 for batch in micro_batches if batch["advantages"].size(0))
+        self.micro_batches_run = ran * self.args.gradient_accumulation_steps / len(micro_batches)
         return micro_batches
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -110,6 +113,7 @@ class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
         scale = inputs.pop(LOSS_SCALE)
         if self.rows_left_out is not None:
             metrics_of(self)["frac_rows_skipped"].append(self.rows_left_out)
+        metrics_of(self)["micro_batches_run"].append(self.micro_batches_run)
         if inputs["advantages"].size(0) == 0:  # its rows train in another of the step's micro-batches
             if self.accelerator.sync_gradients and self.accelerator.num_processes > 1:
                 raise RuntimeError("a step's regrouping emptied the micro-batch that averages the gradients")
