@@ -103,7 +103,7 @@ class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
         )
         self.rows_left_out = left_out if self.skip_zero_advantage else None
         ran = sum(1 for batch in micro_batches if batch["advantages"].size(0))
-        self.micro_batches_run = ran * self.args.gradient_accumulation_steps / len(micro_batches)
+        self.micro_batches_run = ran * self.args.gradient_accumulation_steps / max(len(micro_batches), 1)
         return micro_batches
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
