@@ -36,7 +36,7 @@ share of rows left out.
 
 from __future__ import annotations
 
-from grpo_cli.recipe.hardware import LOSS_NORMALIZERS, zero_advantage_trained
+from grpo_cli.recipe.hardware import LOSS_NORMALIZERS, micro_batch_layout, zero_advantage_trained
 from grpo_cli.trl_private import COMPLETION_COLUMNS
 
 # Inputs of vision-language models (GRPOTrainer hands them to the model beside the ids): a batch that holds any is
@@ -55,6 +55,23 @@ def cannot_skip(trainer) -> str | None:
     if getattr(trainer, "aux_loss_enabled", False):
         return "the model's router loss takes every token"
     return zero_advantage_trained(vars(trainer.args))
+
+
+def layout(trainer) -> tuple[int, bool, str | None]:
+    """`micro_batch_layout` for this GRPO trainer: its engine from the accelerator (one process and DDP average the
+    gradients in a step's last backward, so a micro-batch may run none; DeepSpeed's and FSDP's engines count on every
+    one), and a router loss, known once the model is loaded, keeps each micro-batch's rows in it."""
+    from accelerate.utils import DistributedType
+
+    if getattr(trainer, "aux_loss_enabled", False):
+        return 1, True, "the model's router loss is a mean over each micro-batch"
+    distributed = trainer.accelerator.distributed_type
+    if distributed in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+        engine = None
+    else:
+        engines = {DistributedType.DEEPSPEED: "DeepSpeed", DistributedType.FSDP: "FSDP"}
+        engine = engines.get(distributed, str(distributed.value))
+    return micro_batch_layout(vars(trainer.args), engine)
 
 
 def rows_with_signal(advantages):

@@ -13,13 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from accelerate.utils import DistributedType
 from trl import GRPOTrainer
 
 from grpo_cli.engine import is_nonfinite_sampling
 from grpo_cli.engine.offload import LayerInputOffload
 from grpo_cli.recipe import Recipe, reward_funcs, reward_names
-from grpo_cli.recipe.hardware import micro_batch_layout
 from grpo_cli.rewards import accuracy_reward
 from grpo_cli.tasks import as_chats
 from grpo_cli.train.batch_hooks import GuardedScores, RolloutsFile, SolvedGroups
@@ -27,17 +25,12 @@ from grpo_cli.train.dynamic_sampling import DynamicSampler
 from grpo_cli.train.health import GuardedSteps, NonFiniteStop
 from grpo_cli.train.master_weights import MasterWeightsSteps
 from grpo_cli.train.memory_fixes import explains_out_of_memory
-from grpo_cli.train.micro_batches import LOSS_SCALE, cannot_skip, regroup
+from grpo_cli.train.micro_batches import LOSS_SCALE, cannot_skip, layout, regroup
 from grpo_cli.train.rollout_func import static_rollout
 from grpo_cli.train.run import TrainingRun
 from grpo_cli.trl_private import BatchSteps, logs_of, metrics_of
 
 logger = logging.getLogger("grpo_cli.train.rl")
-
-# Where a micro-batch may run no forward and backward: one process and DDP, whose gradients are averaged in the
-# backward of a step's last micro-batch. DeepSpeed's and FSDP's engines count on every one.
-SKIPS_MICRO_BATCHES = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
-ENGINES = {DistributedType.DEEPSPEED: "DeepSpeed", DistributedType.FSDP: "FSDP"}
 
 
 class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
@@ -76,11 +69,7 @@ class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
         if reason:
             logger.warning("skip_zero_advantage: every completion goes through the forward and backward (%s)", reason)
         self.skip_zero_advantage = skip_zero_advantage and reason is None
-        distributed = self.accelerator.distributed_type
-        engine = None if distributed in SKIPS_MICRO_BATCHES else ENGINES.get(distributed, str(distributed.value))
-        self.regrouping = micro_batch_layout(vars(self.args), engine)
-        if getattr(self, "aux_loss_enabled", False):
-            self.regrouping = (1, True, "the model's router loss is a mean over each micro-batch")
+        self.regrouping = layout(self)
         why = self.regrouping[2]
         if pack_micro_batches and why and self.args.gradient_accumulation_steps > 1:
             logger.warning("pack_micro_batches: every micro-batch runs, with at most per_device_train_batch_size "
