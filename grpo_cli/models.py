@@ -75,14 +75,16 @@ def resolve_model(name_or_path: str, revision: str | None = None) -> str:
 
 def model_config(name_or_path: str, revision: str | None = None, trust_remote_code: bool = False):
     """The model's transformers config, read without loading, converting or downloading its weights: from a local
-    folder, a prepared demo model, the Hub (config.json alone) or a ModelScope model's cached snapshot. What cannot be
-    read so is one UserError saying why and what to do."""
+    folder, a prepared demo model, the Hub (config.json alone; the Hugging Face cache alone where the Hub cannot be
+    reached, without retries) or a ModelScope model's cached snapshot. What cannot be read so is one UserError saying
+    why and what to do."""
     from transformers import AutoConfig
 
     from grpo_cli.demo_model import demo_model_dir, is_prepared
-    from grpo_cli.hub import model_source, modelscope_cached
+    from grpo_cli.hub import hub_unreachable, model_source, modelscope_cached
 
     name = str(name_or_path or "").strip()
+    offline = None  # why the Hub cannot be reached, where the config would come from it: read from the cache alone
     path = Path(name).expanduser()
     recorded = path.name in DEMO_MODELS and path.parent.name == "models"  # a demo model's cache folder, elsewhere
     demo = name.lower() if name.lower() in DEMO_MODELS else path.name if recorded else None
@@ -97,12 +99,15 @@ def model_config(name_or_path: str, revision: str | None = None, trust_remote_co
         if source is None:
             raise UserError(f"{name} is not in ModelScope's cache yet: its config is read once a run has downloaded it")
     else:
-        source = name
+        source, offline = name, hub_unreachable()
     try:
-        return AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=trust_remote_code)
+        return AutoConfig.from_pretrained(
+            source, revision=revision, trust_remote_code=trust_remote_code, local_files_only=offline is not None
+        )
     except (OSError, ValueError) as err:
-        why = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise UserError(f"the config of {name} could not be read ({why})") from None
+        why = offline or (str(err).strip().splitlines() or [type(err).__name__])[0]
+        cache = ", and its config.json is not in the Hugging Face cache" if offline else ""
+        raise UserError(f"the config of {name} could not be read ({why}{cache})") from None
 
 
 

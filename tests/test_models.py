@@ -38,11 +38,10 @@ def test_resolve_keeps_local_folders_and_hub_ids(tmp_path, monkeypatch):
     assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
-def test_an_unreachable_hub_is_said_once_with_the_ways_out_or_the_cached_copy_is_loaded(tmp_path, monkeypatch):
-    """No minute of retries: one connection attempt, then the cache's complete snapshot as a local folder, or one
-    message naming HF_ENDPOINT, model_source: modelscope and HF_HUB_OFFLINE."""
-    import time
-
+@pytest.fixture
+def unreachable_hub(tmp_path, monkeypatch):
+    """A Hub that nothing answers (HF_ENDPOINT on the discard port, no proxy, no offline mode) and an empty Hugging
+    Face cache at tmp_path/hub; `cache(repo_id, files)` puts a snapshot of `files` (name -> text) in it."""
     from huggingface_hub import constants
 
     from grpo_cli import hub
@@ -53,6 +52,26 @@ def test_an_unreachable_hub_is_said_once_with_the_ways_out_or_the_cached_copy_is
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
     hub.hub_unreachable.cache_clear()
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+
+    def cache(repo_id: str, files: dict[str, str]) -> Path:
+        repo = tmp_path / "hub" / ("models--" + repo_id.replace("/", "--"))
+        snapshot = repo / "snapshots" / ("0" * 40)
+        snapshot.mkdir(parents=True)
+        for name, text in files.items():
+            (snapshot / name).write_text(text)
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text("0" * 40)
+        return snapshot
+
+    yield cache
+    hub.hub_unreachable.cache_clear()
+
+
+def test_an_unreachable_hub_is_said_once_with_the_ways_out_or_the_cached_copy_is_loaded(unreachable_hub):
+    """No minute of retries: one connection attempt, then the cache's complete snapshot as a local folder, or one
+    message naming HF_ENDPOINT, model_source: modelscope and HF_HUB_OFFLINE."""
+    import time
+
     started = time.monotonic()
     with pytest.raises(UserError) as raised:
         resolve_model("someone/some-model")
@@ -60,14 +79,8 @@ def test_an_unreachable_hub_is_said_once_with_the_ways_out_or_the_cached_copy_is
     [problem] = raised.value.problems
     assert "is not reachable from this machine" in problem and "not in the Hugging Face cache" in problem
     assert "HF_ENDPOINT" in problem and "model_source: modelscope" in problem and "HF_HUB_OFFLINE" in problem
-    snapshot = tmp_path / "hub" / "models--someone--cached" / "snapshots" / ("0" * 40)
-    snapshot.mkdir(parents=True)
-    (snapshot / "config.json").write_text("{}")
-    (snapshot / "model.safetensors").write_bytes(b"")
-    (snapshot.parent.parent / "refs").mkdir()
-    (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
+    snapshot = unreachable_hub("someone/cached", {"config.json": "{}", "model.safetensors": ""})
     assert resolve_model("someone/cached") == str(snapshot)
-    hub.hub_unreachable.cache_clear()
 
 
 def test_resolve_rejects_missing_folders_and_files(tmp_path):
@@ -517,18 +530,30 @@ def test_weights_of_other_shapes_than_the_config_are_one_message(tmp_path, tiny_
         load_model(str(model))
 
 
-def test_a_models_config_is_read_without_preparing_or_downloading_it(tmp_path, monkeypatch, tiny_model_dir):
+def test_a_models_config_is_read_without_preparing_or_downloading_it(
+    tmp_path, monkeypatch, tiny_model_dir, unreachable_hub
+):
     """`model_config` reads config.json where it already is: a local folder; a demo model only once prepared (its
     short name or its cache folder recorded elsewhere); a Hub id, also one that ends like the demo model's name, from
-    the Hub alone (offline here: one message)."""
+    the Hub, or where the Hub cannot be reached from the Hugging Face cache at once (no retries) or one message."""
+    import time
+
     from grpo_cli.models import model_config
 
     monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert model_config(str(tiny_model_dir)).hidden_size > 0
     for name in ("smollm2-135m-instruct", "/elsewhere/models/smollm2-135m-instruct"):
         with pytest.raises(UserError, match="the demo model smollm2-135m-instruct is not prepared yet"):
             model_config(name)
-    with pytest.raises(UserError, match="the config of someorg/smollm2-135m-instruct could not be read"):
+    started = time.monotonic()
+    with pytest.raises(UserError) as raised:
         model_config("someorg/smollm2-135m-instruct")
+    assert time.monotonic() - started < 10
+    [problem] = raised.value.problems
+    assert problem.startswith("the config of someorg/smollm2-135m-instruct could not be read (the Hugging Face Hub")
+    assert "is not reachable from this machine" in problem and "not in the Hugging Face cache" in problem
+    unreachable_hub("someorg/cached", {"config.json": (tiny_model_dir / "config.json").read_text()})  # no weights
+    assert model_config("someorg/cached").hidden_size == json.loads((tiny_model_dir / "config.json").read_text())[
+        "hidden_size"
+    ]
     assert not (tmp_path / "cache").exists()
