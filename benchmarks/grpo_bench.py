@@ -641,6 +641,23 @@ def reward_scoring(count: int, batches: int = 1) -> dict:
     return timings
 
 
+def set_speedups(results: list[dict]) -> None:
+    """Each result's speedup: its baseline's step time over its own, where both have a timed step (a warm-up step is
+    no step time to compare: TRL's first is several times its next); None where either has none."""
+    for r in results:
+        base = next(
+            (
+                b
+                for b in results
+                if (b["shape"], b["length"], b["config"]) == (r["shape"], r["length"], baseline_of(r["config"]))
+                and b.get("summary")
+            ),
+            None,
+        )
+        timed = base is not None and all(x.get("summary", {}).get("timed_steps") for x in (base, r))
+        r["speedup"] = base["summary"]["step_s"] / r["summary"]["step_s"] if timed else None
+
+
 def summarize(result: dict, warmup: int, bandwidth: float | None) -> dict:
     """Median step after warm-up and its split; decode speed against the bandwidth limit."""
     steps = [s for s in result.get("steps", [])[warmup:] if not s.get("profiled")]
@@ -970,18 +987,7 @@ def main(argv: list[str] | None = None) -> None:
         entry["sizes"] = sizes
         entry["summary"] = summarize(entry, args.warmup, bandwidth if args.device == "cuda" else None)
         report["results"].append(entry)
-        for r in report["results"]:
-            base = next(
-                (
-                    b
-                    for b in report["results"]
-                    if (b["shape"], b["length"], b["config"]) == (r["shape"], r["length"], baseline_of(r["config"]))
-                    and b.get("summary")
-                ),
-                None,
-            )
-            if base and r.get("summary"):
-                r["speedup"] = base["summary"]["step_s"] / r["summary"]["step_s"]
+        set_speedups(report["results"])
         report["elapsed_s"] = time.perf_counter() - started
         _write_json(out, report)
         print(

@@ -81,6 +81,23 @@ def test_grpo_config_splits_steps_as_the_r1_zero_countdown_settings_do():
     assert [recipe_micro_batch(n) for n in (64, 256, 512, 2048, 8192, 20000)] == [32, 32, 16, 4, 1, 1]
 
 
+def test_a_speedup_needs_a_timed_step_on_both_sides():
+    """A baseline cut short after its warm-up step has no step time to compare: no speedup, rather than one against
+    a first step several times its next."""
+    from benchmarks.grpo_bench import set_speedups
+
+    def result(config, step_s, timed):
+        return {"shape": "qwen2.5-7b", "length": 1024, "config": config,
+                "summary": {"step_s": step_s, "timed_steps": timed}}  # fmt: skip
+
+    timed = [result("trl-lora16", 60.0, 1), result("grpo-lora16", 30.0, 1)]
+    set_speedups(timed)
+    assert [r["speedup"] for r in timed] == [1.0, 2.0]
+    warm_up_only = [result("trl-lora16", 166.0, 0), result("grpo-lora16", 32.0, 1), result("grpo", 9.0, 1)]
+    set_speedups(warm_up_only)
+    assert [r["speedup"] for r in warm_up_only] == [None, None, None]  # `grpo` has no baseline in the results
+
+
 def test_a_plan_entry_may_name_a_demo_model_with_its_pretrained_weights(demo_tokenizer_dir):
     from benchmarks.distributed.rewards import digit_share
     from benchmarks.grpo_bench import pretrained_model
