@@ -78,6 +78,6 @@ def test_every_result_is_in_a_dated_folder_and_named_by_a_page():
     text = "\n".join(page.read_text(encoding="utf-8") for page in PAGES)
     for path in sorted(p for p in RESULTS.rglob("*") if p.is_file()):
         folder = path.relative_to(RESULTS).parts[0]
-        assert re.fullmatch(r"(cpu|h200(-x\d+)?)-\d{4}-\d{2}-\d{2}", folder), path
+        assert re.fullmatch(r"(cpu|h[12]00(-x\d+)?)-\d{4}-\d{2}-\d{2}", folder), path
         assert len(path.relative_to(RESULTS).parts) == 2, path
         assert path.name == "NOTES.md" or path.name in text, f"{path.relative_to(ROOT)} is named by no page"
