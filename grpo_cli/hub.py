@@ -8,11 +8,13 @@ command. A snapshot already complete in the cache is used without the network.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import json
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -181,3 +183,28 @@ def hub_model(repo_id: str, revision: str | None = None) -> str:
         "download it where the Hub can be reached and give its folder as model_name_or_path, point HF_ENDPOINT at a "
         "mirror, or use model_source: modelscope; HF_HUB_OFFLINE=1 loads only what the cache holds"
     )
+
+
+
+def cached_hub_dataset(repo_id: str) -> Path | None:
+    """The folder of a Hub dataset's prepared copy in the datasets cache (HF_DATASETS_CACHE), or None."""
+    from datasets import config
+    from datasets.naming import camelcase_to_snakecase
+
+    *namespace, name = repo_id.split("/")
+    folder = Path(config.HF_DATASETS_CACHE).expanduser() / "___".join([*namespace, camelcase_to_snakecase(name)])
+    return folder if any(path.is_dir() for path in folder.glob("*/*/*")) else None  # <config>/<version>/<hash>
+
+
+@contextlib.contextmanager
+def datasets_offline() -> Iterator[None]:
+    """datasets' offline mode (what HF_HUB_OFFLINE=1 sets as it is imported) for the calls inside only: a Hub dataset
+    from its cached copy, without the library's retries against an unreachable Hub."""
+    from datasets import config
+
+    before = config.HF_HUB_OFFLINE
+    config.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        config.HF_HUB_OFFLINE = before

@@ -185,3 +185,35 @@ def mounted_tmpfs(folder: Path, options: str):
         yield folder
     finally:
         subprocess.run(["umount", str(folder)], check=False)
+
+
+@pytest.fixture
+def unreachable_hub(tmp_path, monkeypatch):
+    """A Hub that nothing answers (HF_ENDPOINT on the discard port, no proxy, no offline mode), an empty Hugging Face
+    cache at tmp_path/hub and an empty datasets cache at tmp_path/datasets; `cache(repo_id, files)` puts a model
+    snapshot of `files` (name -> text) in the first."""
+    import datasets.config
+    from huggingface_hub import constants
+
+    from grpo_cli import hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
+    hub.hub_unreachable.cache_clear()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+
+    def cache(repo_id: str, files: dict[str, str]) -> Path:
+        repo = tmp_path / "hub" / ("models--" + repo_id.replace("/", "--"))
+        snapshot = repo / "snapshots" / ("0" * 40)
+        snapshot.mkdir(parents=True)
+        for name, text in files.items():
+            (snapshot / name).write_text(text)
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text("0" * 40)
+        return snapshot
+
+    yield cache
+    hub.hub_unreachable.cache_clear()

@@ -38,35 +38,6 @@ def test_resolve_keeps_local_folders_and_hub_ids(tmp_path, monkeypatch):
     assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
-@pytest.fixture
-def unreachable_hub(tmp_path, monkeypatch):
-    """A Hub that nothing answers (HF_ENDPOINT on the discard port, no proxy, no offline mode) and an empty Hugging
-    Face cache at tmp_path/hub; `cache(repo_id, files)` puts a snapshot of `files` (name -> text) in it."""
-    from huggingface_hub import constants
-
-    from grpo_cli import hub
-
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
-    hub.hub_unreachable.cache_clear()
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-
-    def cache(repo_id: str, files: dict[str, str]) -> Path:
-        repo = tmp_path / "hub" / ("models--" + repo_id.replace("/", "--"))
-        snapshot = repo / "snapshots" / ("0" * 40)
-        snapshot.mkdir(parents=True)
-        for name, text in files.items():
-            (snapshot / name).write_text(text)
-        (repo / "refs").mkdir()
-        (repo / "refs" / "main").write_text("0" * 40)
-        return snapshot
-
-    yield cache
-    hub.hub_unreachable.cache_clear()
-
-
 def test_an_unreachable_hub_is_said_once_with_the_ways_out_or_the_cached_copy_is_loaded(unreachable_hub):
     """No minute of retries: one connection attempt, then the cache's complete snapshot as a local folder, or one
     message naming HF_ENDPOINT, model_source: modelscope and HF_HUB_OFFLINE."""

@@ -292,6 +292,51 @@ def test_dataset_problems_are_user_errors_naming_the_column_or_file(tmp_path):
         )
 
 
+def cache_hub_dataset(cache: Path, repo_id: str, config: str, rows: Path) -> None:
+    """Puts `rows` where datasets keeps a Hub dataset it has prepared (<cache>/<namespace>___<name>/<config>/<version>/
+    <hash>), built by datasets' own JSON builder."""
+    import shutil
+
+    import datasets
+    from datasets.packaged_modules.json.json import Json
+
+    namespace, name = repo_id.split("/")
+    files = datasets.data_files.DataFilesDict.from_patterns({"train": [str(rows)]})
+    Json(cache_dir=str(cache / "build"), dataset_name=name, config_name=config, data_files=files,
+         hash="0" * 16).download_and_prepare()  # fmt: skip
+    [built] = (cache / "build" / name).glob(f"{config}-*")
+    (cache / f"{namespace}___{name}").mkdir(parents=True)
+    shutil.move(built, cache / f"{namespace}___{name}" / config)
+
+
+def test_a_hub_dataset_where_the_hub_cannot_be_reached_is_its_cached_copy_or_one_message(
+    tmp_path, unreachable_hub, capsys
+):
+    """No minute of retries: one connection attempt, then one message with the ways out, or the copy datasets
+    prepared before, loaded in its offline mode (and said so)."""
+    import time
+
+    import datasets.config
+
+    offline = datasets.config.HF_HUB_OFFLINE
+    started = time.monotonic()
+    with pytest.raises(UserError) as raised:
+        load_task_dataset(args("gsm8k"), "train")
+    assert time.monotonic() - started < 10
+    [problem] = raised.value.problems
+    assert problem.startswith("dataset_name: cannot load 'openai/gsm8k': the Hugging Face Hub (http://127.0.0.1:9)")
+    assert "not in the datasets cache" in problem and "dataset_name: path/to/file.jsonl" in problem
+    assert "HF_ENDPOINT" in problem and "model_source: modelscope" in problem
+    cache_hub_dataset(tmp_path / "datasets", "openai/gsm8k", "main", DATA / "gsm8k.jsonl")
+    started = time.monotonic()
+    rows = load_task_dataset(args("gsm8k"), "train")
+    assert time.monotonic() - started < 10
+    assert len(rows) == len((DATA / "gsm8k.jsonl").read_text().splitlines())
+    assert rows[0]["question"] == json.loads((DATA / "gsm8k.jsonl").read_text().splitlines()[0])["question"]
+    assert "loading openai/gsm8k from the datasets cache" in capsys.readouterr().err
+    assert datasets.config.HF_HUB_OFFLINE == offline  # datasets' offline mode for that load only
+
+
 def test_a_bad_jsonl_line_and_an_empty_split_file_are_named(tmp_path):
     good = '{"nums": [1, 2, 3], "target": 6}\n'
     broken = tmp_path / "broken.jsonl"
