@@ -830,12 +830,42 @@ def tokenizer_folder(given: str | None, work: Path) -> Path:
     return out
 
 
+def parse_plan(text: str, steps: int, warmup: int) -> list[tuple[str, int, str, float, int]]:
+    """--plan's entries, shape:length:config[:cap_s[:steps]], as (shape, length, config, cap, steps); a ValueError
+    naming the entry where one cannot run or would time no step (its steps, the warm-up's included, <= warmup)."""
+    from grpo_cli.demo_model import DEMO_MODELS
+
+    plan = []
+    for entry in text.split(","):
+        parts = entry.split(":")
+        try:
+            if not 3 <= len(parts) <= 5:
+                raise ValueError("not shape:length:config[:cap_s[:steps]]")
+            shape, length, config = parts[0], int(parts[1]), parts[2]
+            cap = float(parts[3]) if len(parts) > 3 else 120.0
+            entry_steps = int(parts[4]) if len(parts) > 4 else steps
+        except ValueError as err:
+            raise ValueError(f"{entry}: {err}") from None
+        if shape not in SHAPES and shape not in DEMO_MODELS:
+            raise ValueError(f"{entry}: no shape {shape} (one of {', '.join([*SHAPES, *DEMO_MODELS])})")
+        if config not in CONFIGS:
+            raise ValueError(f"{entry}: no configuration {config} (one of {', '.join(CONFIGS)})")
+        if entry_steps <= warmup:
+            raise ValueError(
+                f"{entry}: {entry_steps} step(s) with {warmup} warm-up step(s) times none - give it {warmup + 1} or more"
+            )
+        plan.append((shape, length, config, cap, entry_steps))
+    return plan
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="tiny model, 2 prompts x 4 generations, 8 tokens")
     parser.add_argument(
-        "--plan", help="comma-separated shape:length:config[:cap] entries instead of the built-in plan"
+        "--plan",
+        help="comma-separated shape:length:config[:cap_s[:steps]] entries instead of the built-in plan; steps count "
+        "the warm-up steps too",
     )
     parser.add_argument("--prompts", type=int, help="prompts per optimizer step (default 16; tiny 2)")
     parser.add_argument("--generations", type=int, help="generations per prompt (default 8; tiny 4)")
@@ -878,13 +908,10 @@ def main(argv: list[str] | None = None) -> None:
     prompts = args.prompts or (2 if args.tiny else 16)
     generations = args.generations or (4 if args.tiny else 8)
     if args.plan:
-        plan = []
-        for entry in args.plan.split(","):
-            parts = entry.split(":")  # shape:length:config[:cap[:steps]]
-            cap = float(parts[3]) if len(parts) > 3 else 120.0
-            plan.append(
-                (parts[0], int(parts[1]), parts[2], cap, int(parts[4]) if len(parts) > 4 else args.steps)
-            )
+        try:
+            plan = parse_plan(args.plan, args.steps, args.warmup)
+        except ValueError as err:
+            parser.error(f"--plan: {err}")
     else:
         plan = TINY_PLAN if args.tiny else GPU_PLAN
     # a reward file's path from this working directory, as each configuration's process reads it

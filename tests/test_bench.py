@@ -98,6 +98,27 @@ def test_a_speedup_needs_a_timed_step_on_both_sides():
     assert [r["speedup"] for r in warm_up_only] == [None, None, None]  # `grpo` has no baseline in the results
 
 
+def test_a_plan_entry_that_cannot_run_or_would_time_no_step_stops_the_benchmark_before_it_starts(tmp_path, capsys):
+    from benchmarks.grpo_bench import main, parse_plan
+
+    assert parse_plan("qwen2.5-7b:1024:trl-lora16:240:2,smollm2-135m-instruct:192:grpo", 3, 1) == [
+        ("qwen2.5-7b", 1024, "trl-lora16", 240.0, 2),
+        ("smollm2-135m-instruct", 192, "grpo", 120.0, 3),
+    ]
+    for plan, why in [
+        ("qwen2.5-7b:1024:trl-lora16:365:1", "1 step(s) with 1 warm-up step(s) times none - give it 2 or more"),
+        ("qwen2.5-7b:1024:trl-lora", "no configuration trl-lora (one of trl, "),
+        ("qwen2.5-9b:1024:trl", "no shape qwen2.5-9b (one of qwen2.5-0.5b, "),
+        ("qwen2.5-7b:long:trl", "invalid literal for int()"),
+        ("qwen2.5-7b:1024", "not shape:length:config[:cap_s[:steps]]"),
+    ]:
+        with pytest.raises(SystemExit) as stopped:
+            main(["--plan", plan, "--out", str(tmp_path / "out.json"), "--work", str(tmp_path / "work")])
+        assert stopped.value.code == 2
+        assert f"--plan: {plan}: {why}" in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists() and not (tmp_path / "work").exists()
+
+
 def test_a_plan_entry_may_name_a_demo_model_with_its_pretrained_weights(demo_tokenizer_dir):
     from benchmarks.distributed.rewards import digit_share
     from benchmarks.grpo_bench import pretrained_model
