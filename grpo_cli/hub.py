@@ -185,7 +185,6 @@ def hub_model(repo_id: str, revision: str | None = None) -> str:
     )
 
 
-
 def cached_hub_dataset(repo_id: str) -> Path | None:
     """The folder of a Hub dataset's prepared copy in the datasets cache (HF_DATASETS_CACHE), or None."""
     from datasets import config

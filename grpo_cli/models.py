@@ -84,7 +84,7 @@ def model_config(name_or_path: str, revision: str | None = None, trust_remote_co
     from grpo_cli.hub import hub_unreachable, model_source, modelscope_cached
 
     name = str(name_or_path or "").strip()
-    offline = None  # why the Hub cannot be reached, where the config would come from it: read from the cache alone
+    unreachable = None  # why the Hub cannot be reached, where the config would come from it: the cache alone then
     path = Path(name).expanduser()
     recorded = path.name in DEMO_MODELS and path.parent.name == "models"  # a demo model's cache folder, elsewhere
     demo = name.lower() if name.lower() in DEMO_MODELS else path.name if recorded else None
@@ -99,14 +99,14 @@ def model_config(name_or_path: str, revision: str | None = None, trust_remote_co
         if source is None:
             raise UserError(f"{name} is not in ModelScope's cache yet: its config is read once a run has downloaded it")
     else:
-        source, offline = name, hub_unreachable()
+        source, unreachable = name, hub_unreachable()
     try:
         return AutoConfig.from_pretrained(
-            source, revision=revision, trust_remote_code=trust_remote_code, local_files_only=offline is not None
+            source, revision=revision, trust_remote_code=trust_remote_code, local_files_only=unreachable is not None
         )
     except (OSError, ValueError) as err:
-        why = offline or (str(err).strip().splitlines() or [type(err).__name__])[0]
-        cache = ", and its config.json is not in the Hugging Face cache" if offline else ""
+        why = unreachable or (str(err).strip().splitlines() or [type(err).__name__])[0]
+        cache = ", and its config.json is not in the Hugging Face cache" if unreachable else ""
         raise UserError(f"the config of {name} could not be read ({why}{cache})") from None
 
 
