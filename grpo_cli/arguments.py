@@ -37,7 +37,8 @@ class TaskArguments:
         default=0,
         metadata={
             "help": "Generate this many rows with the task's own generator (countdown; reasoning-gym's for reasoning_gym, "
-            "gsm8k and dapo_math) instead of loading data."
+            "gsm8k and dapo_math) instead of loading data; 0 loads dataset_name (a recipe that generates its rows "
+            "refuses a --dataset_name without --dataset_generate 0)."
         },
     )
     dataset_generate_name: str | None = field(

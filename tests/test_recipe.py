@@ -70,6 +70,23 @@ def test_command_line_overrides_win(tmp_path):
     assert recipe.where("max_steps") == "command line"
 
 
+def test_a_dataset_given_on_the_command_line_to_a_recipe_that_generates_its_rows_is_one_message(tmp_path):
+    """The run would train on the generated rows and never read the file: said, with the fix, before anything loads.
+    Given with `--dataset_generate 0`, or beside `dataset_generate` in the recipe file itself (the plan says which one
+    the run reads), it loads."""
+    with pytest.raises(UserError) as raised:
+        load_recipe("demo/countdown-sft", ["--dataset_name", "rows.jsonl"], "sft")
+    [problem] = raised.value.problems
+    assert problem.startswith("command line `--dataset_name`: `rows.jsonl` would not be read: the recipe generates its ")
+    assert "(`dataset_generate: 1600`, " in problem and "countdown-sft.yaml:" in problem
+    assert problem.endswith("- add `--dataset_generate 0` to train on it")
+    recipe = load_recipe("demo/countdown-sft", ["--dataset_name", "rows.jsonl", "--dataset_generate", "0"], "sft")
+    assert (recipe.values["dataset_name"], recipe.values["dataset_generate"]) == ("rows.jsonl", 0)
+    both = write(tmp_path, GOOD + "    dataset_name: rows.jsonl\n    dataset_generate: 100\n")
+    assert load_recipe(str(both), [], "rl").values["dataset_generate"] == 100
+    assert load_recipe("countdown", ["--dataset_name", "rows.jsonl"], "rl").values["dataset_name"] == "rows.jsonl"
+
+
 def test_all_problems_reported_at_once_with_lines(tmp_path):
     path = write(
         tmp_path,

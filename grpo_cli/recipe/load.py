@@ -508,5 +508,21 @@ def read_recipe(
         locations[key] = f"hardware default ({why})"
         lines.pop(key, None)
     lines = {key: line for key, line in lines.items() if key in values}
+    problems += _unread_override_problems(values, locations)
     recipe = Recipe(command, path, values, locations, env, tuple(notes), hardware, lines)
     return recipe, problems
+
+
+def _unread_override_problems(values: Mapping[str, Any], locations: Mapping[str, str]) -> list[Problem]:
+    """A `--dataset_name` given on the command line to a recipe that generates its rows: a run would train on the
+    generated rows and never read it."""
+    generate = values.get("dataset_generate") or 0
+    given = locations.get("dataset_name") == "command line"
+    if not given or generate <= 0 or locations.get("dataset_generate") == "command line":
+        return []
+    return [Problem(
+        "dataset_name",
+        f"`{values['dataset_name']}` would not be read: the recipe generates its rows (`dataset_generate: {generate}`, "
+        f"{locations.get('dataset_generate', 'default')}) - add `--dataset_generate 0` to train on it",
+        "command line `--dataset_name`",
+    )]
