@@ -70,21 +70,33 @@ def test_command_line_overrides_win(tmp_path):
     assert recipe.where("max_steps") == "command line"
 
 
-def test_a_dataset_given_on_the_command_line_to_a_recipe_that_generates_its_rows_is_one_message(tmp_path):
-    """The run would train on the generated rows and never read the file: said, with the fix, before anything loads.
-    Given with `--dataset_generate 0`, or beside `dataset_generate` in the recipe file itself (the plan says which one
-    the run reads), it loads."""
-    with pytest.raises(UserError) as raised:
-        load_recipe("demo/countdown-sft", ["--dataset_name", "rows.jsonl"], "sft")
-    [problem] = raised.value.problems
-    assert problem.startswith("command line `--dataset_name`: `rows.jsonl` would not be read: the recipe generates its ")
-    assert "(`dataset_generate: 1600`, " in problem and "countdown-sft.yaml:" in problem
-    assert problem.endswith("- add `--dataset_generate 0` to train on it")
-    recipe = load_recipe("demo/countdown-sft", ["--dataset_name", "rows.jsonl", "--dataset_generate", "0"], "sft")
-    assert (recipe.values["dataset_name"], recipe.values["dataset_generate"]) == ("rows.jsonl", 0)
-    both = write(tmp_path, GOOD + "    dataset_name: rows.jsonl\n    dataset_generate: 100\n")
-    assert load_recipe(str(both), [], "rl").values["dataset_generate"] == 100
+def test_an_override_that_the_recipes_other_keys_leave_unread_is_one_message_with_the_key_to_add(tmp_path):
+    """A run would go on without it (train on generated rows, stop at max_steps, train every weight): said before
+    anything loads. Given with the other key on the command line too, or beside it in the recipe file itself (the plan
+    says which one the run reads), it loads."""
+    cases = [  # recipe, command, override, why, the other key as the recipe has it, the fix
+        ("demo/countdown-sft", "sft", ["--dataset_name", "rows.jsonl"], "the recipe generates its rows",
+         "(`dataset_generate: 1600`, /", "add `--dataset_generate 0` to train on it"),
+        ("countdown", "rl", ["--num_train_epochs", "2"], "the run stops at `max_steps`", "(`max_steps: 200`, /",
+         "add `--max_steps -1` to train by epochs"),
+        ("demo/countdown-sft", "sft", ["--lora_r", "8"], "the recipe trains every weight, with no LoRA adapter",
+         "(`use_peft: false`, default)", "add `--use_peft true` to train one"),
+    ]  # fmt: skip
+    for recipe, command, overrides, why, other, fix in cases:
+        with pytest.raises(UserError) as raised:
+            load_recipe(recipe, overrides, command)
+        [problem] = raised.value.problems
+        assert problem.startswith(f"command line `{overrides[0]}`: not read: {why} {other}"), problem
+        assert problem.endswith(f" - {fix}")
+    both = [["--dataset_name", "rows.jsonl", "--dataset_generate", "0"], ["--num_train_epochs", "2", "--max_steps", "-1"],
+            ["--lora_r", "8", "--use_peft", "true"]]  # fmt: skip
+    for (recipe, command, *_), overrides in zip(cases, both):
+        values = load_recipe(recipe, overrides, command).values
+        assert all(values[key.removeprefix("--")] is not None for key in overrides[::2])
+    in_file = write(tmp_path, GOOD + "    dataset_name: rows.jsonl\n    dataset_generate: 100\n")
+    assert load_recipe(str(in_file), [], "rl").values["dataset_generate"] == 100
     assert load_recipe("countdown", ["--dataset_name", "rows.jsonl"], "rl").values["dataset_name"] == "rows.jsonl"
+    assert load_recipe("countdown", ["--lora_r", "8"], "rl").values["lora_r"] == 8  # a recipe with use_peft: true
 
 
 def test_all_problems_reported_at_once_with_lines(tmp_path):

@@ -508,21 +508,40 @@ def read_recipe(
         locations[key] = f"hardware default ({why})"
         lines.pop(key, None)
     lines = {key: line for key, line in lines.items() if key in values}
-    problems += _unread_override_problems(values, locations)
+    problems += _unread_override_problems(values, locations, keys)
     recipe = Recipe(command, path, values, locations, env, tuple(notes), hardware, lines)
     return recipe, problems
 
 
-def _unread_override_problems(values: Mapping[str, Any], locations: Mapping[str, str]) -> list[Problem]:
-    """A `--dataset_name` given on the command line to a recipe that generates its rows: a run would train on the
-    generated rows and never read it."""
-    generate = values.get("dataset_generate") or 0
-    given = locations.get("dataset_name") == "command line"
-    if not given or generate <= 0 or locations.get("dataset_generate") == "command line":
-        return []
-    return [Problem(
-        "dataset_name",
-        f"`{values['dataset_name']}` would not be read: the recipe generates its rows (`dataset_generate: {generate}`, "
-        f"{locations.get('dataset_generate', 'default')}) - add `--dataset_generate 0` to train on it",
-        "command line `--dataset_name`",
-    )]
+# Keys given on the command line that another key of the recipe leaves unread: (the keys, the other key, whether it
+# does with the run's values, what the run does instead, how to read them).
+LORA_KEYS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_parameters",
+             "lora_modules_to_save", "use_rslora", "use_dora")  # fmt: skip
+UNREAD_WITH = (
+    (("dataset_name",), "dataset_generate", lambda v: (v.get("dataset_generate") or 0) > 0,
+     "the recipe generates its rows", "add `--dataset_generate 0` to train on it"),
+    (("num_train_epochs",), "max_steps", lambda v: (v.get("max_steps") or -1) > 0,
+     "the run stops at `max_steps`", "add `--max_steps -1` to train by epochs"),
+    (LORA_KEYS, "use_peft", lambda v: not v.get("use_peft"),
+     "the recipe trains every weight, with no LoRA adapter", "add `--use_peft true` to train one"),
+)  # fmt: skip
+
+
+def _unread_override_problems(
+    values: Mapping[str, Any], locations: Mapping[str, str], specs: Mapping[str, dict]
+) -> list[Problem]:
+    """Keys given on the command line that the recipe's other keys leave unread (`UNREAD_WITH`): a run would go on
+    without them. Not where the other key is on the command line too: both were asked for."""
+    problems = []
+    for keys, other, unread, instead, fix in UNREAD_WITH:
+        if other not in specs or locations.get(other) == "command line" or not unread(values):
+            continue
+        shown = _shown_default(values.get(other, specs[other].get("default")))
+        for key in keys:
+            if locations.get(key) == "command line":
+                problems.append(Problem(
+                    key,
+                    f"not read: {instead} (`{other}: {shown}`, {locations.get(other, 'default')}) - {fix}",
+                    f"command line `--{key}`",
+                ))
+    return problems
