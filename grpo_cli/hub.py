@@ -171,11 +171,7 @@ def hub_model(repo_id: str, revision: str | None = None) -> str:
     except Exception:  # noqa: BLE001 - not in the cache, whatever huggingface_hub calls it
         folder = None
     if folder and _complete_model(Path(folder)):
-        from grpo_cli.console import console, escape
-
-        console.print(
-            f"{escape(why)}: loading {escape(repo_id)} from the cache ({escape(str(folder))})", soft_wrap=True
-        )
+        _say_cached(why, repo_id, "the cache", folder)
         _resolved[cache_key] = str(folder)
         return str(folder)
     raise UserError(
@@ -185,20 +181,31 @@ def hub_model(repo_id: str, revision: str | None = None) -> str:
     )
 
 
-def cached_hub_dataset(repo_id: str) -> Path | None:
-    """The folder of a Hub dataset's prepared copy in the datasets cache (HF_DATASETS_CACHE), or None."""
+
+def hub_dataset(repo_id: str, ways_out: str) -> contextlib.AbstractContextManager:
+    """Where `datasets.load_dataset(repo_id, ...)` runs: as it is where the Hub can be reached; else in datasets'
+    offline mode over the copy it prepared before (HF_DATASETS_CACHE), without the library's retries; else (nothing
+    cached) one UserError with `ways_out` and the Hub's own."""
+    why = hub_unreachable()
+    if why is None:
+        return contextlib.nullcontext()
     from datasets import config
     from datasets.naming import camelcase_to_snakecase
 
     *namespace, name = repo_id.split("/")
     folder = Path(config.HF_DATASETS_CACHE).expanduser() / "___".join([*namespace, camelcase_to_snakecase(name)])
-    return folder if any(path.is_dir() for path in folder.glob("*/*/*")) else None  # <config>/<version>/<hash>
+    if not any(path.is_dir() for path in folder.glob("*/*/*")):  # <config>/<version>/<hash>, as datasets keeps them
+        raise UserError(
+            f"dataset_name: cannot load '{repo_id}': {why}, and it is not in the datasets cache - {ways_out}, point "
+            "HF_ENDPOINT at a mirror, or use model_source: modelscope"
+        )
+    _say_cached(why, repo_id, "the datasets cache", folder)
+    return _datasets_offline()
 
 
 @contextlib.contextmanager
-def datasets_offline() -> Iterator[None]:
-    """datasets' offline mode (what HF_HUB_OFFLINE=1 sets as it is imported) for the calls inside only: a Hub dataset
-    from its cached copy, without the library's retries against an unreachable Hub."""
+def _datasets_offline() -> Iterator[None]:
+    """datasets' offline mode (what HF_HUB_OFFLINE=1 sets as it is imported) for the calls inside only."""
     from datasets import config
 
     before = config.HF_HUB_OFFLINE
@@ -207,3 +214,10 @@ def datasets_offline() -> Iterator[None]:
         yield
     finally:
         config.HF_HUB_OFFLINE = before
+
+
+def _say_cached(why: str, repo_id: str, cache: str, folder) -> None:
+    """Once, on the console: the Hub cannot be reached, and `repo_id` comes from `cache` (its `folder`)."""
+    from grpo_cli.console import console, escape
+
+    console.print(f"{escape(why)}: loading {escape(repo_id)} from {cache} ({escape(str(folder))})", soft_wrap=True)

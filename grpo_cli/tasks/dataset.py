@@ -129,34 +129,16 @@ def _load_all(args: TaskArguments, task: Task) -> datasets.DatasetDict:
             if bad:
                 raise UserError(f"dataset_name: {name}: {bad} - each line must be one JSON object") from None
             raise UserError(f"dataset_name: cannot read '{name}' ({type(err).__name__}: {err})") from None
-    from grpo_cli.hub import (
-        cached_hub_dataset,
-        datasets_offline,
-        hub_unreachable,
-        model_source,
-        modelscope_snapshot,
-    )
+    from grpo_cli.hub import hub_dataset, model_source, modelscope_snapshot
 
     local = "use a local .jsonl/.parquet file (dataset_name: path/to/file.jsonl)" + (
         " or generated data (dataset_generate: N)" if task.generates else ""
     )
-    hub, source, where = "the Hugging Face Hub", name, contextlib.nullcontext()
     if model_source() == "modelscope":
         source = modelscope_snapshot(name, "dataset", key="dataset_name")  # its files, loaded as a local folder
-        hub = f"ModelScope (its snapshot in {source})"
-    elif why := hub_unreachable():  # the cached copy at once, or one message: not a minute of retries
-        cached = cached_hub_dataset(name)
-        if cached is None:
-            raise UserError(
-                f"dataset_name: cannot load '{name}': {why}, and it is not in the datasets cache - {local}, point "
-                "HF_ENDPOINT at a mirror, or use model_source: modelscope"
-            )
-        from grpo_cli.console import console, escape
-
-        console.print(
-            f"{escape(why)}: loading {escape(name)} from the datasets cache ({escape(str(cached))})", soft_wrap=True
-        )
-        where = datasets_offline()
+        hub, where = f"ModelScope (its snapshot in {source})", contextlib.nullcontext()
+    else:  # where the Hub cannot be reached: the cached copy at once, or one message, not a minute of retries
+        hub, source, where = "the Hugging Face Hub", name, hub_dataset(name, local)
     try:
         with where:
             return datasets.load_dataset(source, config)
