@@ -136,8 +136,11 @@ def torch_dtype(value: Any):
     raise UserError(f"dtype {value!r} is not supported (key: dtype) - use one of {', '.join(_DTYPES)}")
 
 
-def model_kwargs(model_args, for_training: bool = False, trust_remote_code: bool | None = None) -> dict:
-    """`from_pretrained` kwargs from a trl.ModelConfig: dtype, attention, revision, k-bit quantization, remote code."""
+def model_kwargs(
+    model_args, for_training: bool = False, trust_remote_code: bool | None = None, device=None
+) -> dict:
+    """`from_pretrained` kwargs from a trl.ModelConfig: dtype, attention, revision, k-bit quantization, remote code;
+    the weights onto `device` where one is given (else, for training, on the CPU: the trainer moves them)."""
     import torch
 
     kwargs: dict[str, Any] = {"dtype": torch_dtype(_get(model_args, "dtype", "auto"))}
@@ -155,6 +158,8 @@ def model_kwargs(model_args, for_training: bool = False, trust_remote_code: bool
         kwargs["quantization_config"] = get_quantization_config(model_args)
         # k-bit weights cannot be moved after loading: each process loads onto its own GPU.
         kwargs["device_map"] = _kbit_device_map()
+    elif device is not None:
+        kwargs["device_map"] = {"": device}
     elif not for_training and torch.cuda.is_available():
         kwargs["device_map"] = "auto"
     return kwargs
@@ -309,12 +314,15 @@ def load_config(name_or_path: str, trust_remote_code: bool = False):
         raise _load_problem(name_or_path, err) from None
 
 
-def load_model(name_or_path: str, model_args=None, for_training: bool = False, adapter: str | None = None):
-    """Causal LM from a short name, folder or Hub id, with an optional LoRA adapter on top (eval mode unless training)."""
+def load_model(
+    name_or_path: str, model_args=None, for_training: bool = False, adapter: str | None = None, device=None
+):
+    """Causal LM from a short name, folder or Hub id, with an optional LoRA adapter on top (eval mode unless training);
+    a training model's weights onto `device` where one is given (`model_kwargs`)."""
     from transformers import AutoModelForCausalLM
 
     path = resolve_model(name_or_path, _get(model_args, "model_revision"))
-    kwargs = model_kwargs(model_args, for_training) if model_args is not None else {"dtype": "auto"}
+    kwargs = model_kwargs(model_args, for_training, device=device) if model_args is not None else {"dtype": "auto"}
     refuse_damaged(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)

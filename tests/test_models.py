@@ -202,6 +202,27 @@ def test_model_kwargs_quantization():
     ].load_in_8bit
 
 
+def test_a_training_model_loads_onto_the_device_it_is_given(tiny_model_dir):
+    """Where `grpo rl`/`grpo sft` place the weights: onto the process's GPU (`loads_onto_gpu`), through the loader's
+    device map, the same load on the CPU here; on the CPU without one (the trainer moves them)."""
+    import torch
+    from trl import ModelConfig
+
+    from grpo_cli.recipe.hardware import Hardware, loads_onto_gpu
+
+    args = ModelConfig(dtype="float32")
+    assert "device_map" not in model_kwargs(args, for_training=True)
+    gpu_one = torch.device("cuda", 1)
+    assert model_kwargs(args, for_training=True, device=gpu_one)["device_map"] == {"": gpu_one}
+    model = load_model(str(tiny_model_dir), args, for_training=True, device=torch.device("cpu"))
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    gpu = Hardware(gpu=True)
+    assert loads_onto_gpu({}, gpu) and not loads_onto_gpu({}, Hardware(gpu=False))
+    for values in ({"use_cpu": True}, {"deepspeed": "zero3.json"}, {"fsdp": "full_shard"}, {"load_in_4bit": True}):
+        assert not loads_onto_gpu(values, gpu), values
+    assert not loads_onto_gpu({}, Hardware(gpu=True, sharded=True))  # accelerate's DeepSpeed or FSDP config
+
+
 def test_gpu_problems_on_cpu_name_each_option_and_fix():
     model_args = {"load_in_4bit": True, "attn_implementation": "flash_attention_2"}
     training = {

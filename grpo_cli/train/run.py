@@ -19,6 +19,7 @@ from grpo_cli.models import gpu_problems, load_model, load_tokenizer, render_pro
 from grpo_cli.quiet import quiet_libraries
 from grpo_cli.recipe import Recipe
 from grpo_cli.recipe.check import tracking_problems
+from grpo_cli.recipe.hardware import detect_hardware, loads_onto_gpu
 from grpo_cli.run_folder import RunLock, latest_checkpoint
 from grpo_cli.train.checkpoints import (
     GracefulStop,
@@ -111,8 +112,9 @@ class TrainingRun:
         )
 
     def load_model(self):
+        device = self.args.device if loads_onto_gpu(self.recipe.resolved(), detect_hardware()) else None
         with console.status(f"loading {self.model_args.model_name_or_path}"):
-            model = load_model(self.model_args.model_name_or_path, self.model_args, for_training=True)
+            model = load_model(self.model_args.model_name_or_path, self.model_args, for_training=True, device=device)
         refuse_short_embedding(model, self.tokenizer, self.model_args.model_name_or_path)
         return model
 
