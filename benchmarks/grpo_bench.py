@@ -99,6 +99,8 @@ CONFIGS = {
         "grpo",
         {"micro_batch": 32, "use_liger_kernel": False},
     ),  # grpo's GPU default turned off
+    # the same at 16 completions a micro-batch: each micro-batch's kernel launches, with liger's and without
+    "grpo-mb16-no-liger": ("grpo", {"micro_batch": 16, "use_liger_kernel": False}),
     "grpo-no-gc": ("grpo", {"micro_batch": 32, "gradient_checkpointing": False}),
     "grpo-dynamic": ("grpo", {"micro_batch": 32, "cache_implementation": "dynamic"}),  # TRL's model.generate
     "grpo-cb": ("grpo", {"use_transformers_continuous_batching": True, "cache_implementation": None}),
