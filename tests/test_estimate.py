@@ -194,6 +194,40 @@ def test_check_predicts_for_a_local_model_and_names_what_fits(tmp_path):
     assert "fits:" in roomy.stdout and "does not fit" not in roomy.stdout
 
 
+def test_a_run_that_fits_is_offered_the_largest_micro_batch_that_fits_too(tmp_path):
+    """Fewer micro-batches make faster steps where launching kernels bounds them: for a recipe that fits, the check
+    names the largest micro-batch (the accumulation divided alike) whose predicted peak fits too."""
+    from grpo_cli.recipe.memory import larger_micro_batches
+
+    offered = larger_micro_batches({"gradient_accumulation_steps": 8}, RUN)
+    assert [what for what, _ in offered] == [
+        "per_device_train_batch_size: 64, gradient_accumulation_steps: 1",
+        "per_device_train_batch_size: 32, gradient_accumulation_steps: 2",
+        "per_device_train_batch_size: 16, gradient_accumulation_steps: 4",
+    ]
+    assert [run.micro_batch for _, run in offered] == [64, 32, 16] and {run.rollout_rows for _, run in offered} == {64}
+    assert larger_micro_batches({"gradient_accumulation_steps": 1}, RUN) == []
+    assert larger_micro_batches({"gradient_accumulation_steps": 8, "steps_per_generation": 16}, RUN) == []
+    model = tmp_path / "qwen05b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({**QWEN_05B, "architectures": ["Qwen2ForCausalLM"]}))
+    (tmp_path / "r.yaml").write_text(
+        f"model_name_or_path: {model}\ndtype: bfloat16\nuse_peft: true\nper_device_train_batch_size: 4\n"
+        "gradient_accumulation_steps: 16\nnum_generations: 8\nmax_completion_length: 256\n"
+    )
+    done = grpo("check", "-c", "r.yaml", "--gpu-memory", "24", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    [line] = [line for line in done.stdout.splitlines() if "fits too with" in line]
+    assert "per_device_train_batch_size: 64, gradient_accumulation_steps: 1" in line, line
+    assert float(line.split(": ")[-1].split(" GiB")[0]) < 24 * 0.92
+    tight = grpo("check", "-c", "r.yaml", "--gpu-memory", "24", "--max_completion_length", "4096", cwd=tmp_path)
+    [line] = [line for line in tight.stdout.splitlines() if "fits too with" in line]
+    assert "per_device_train_batch_size: 64," not in line, line  # the largest fits no longer: a smaller one is named
+    single = grpo("check", "-c", "r.yaml", "--gpu-memory", "24", "--per_device_train_batch_size", "64",
+                  "--gradient_accumulation_steps", "1", cwd=tmp_path)  # fmt: skip
+    assert "fits:" in single.stdout and "fits too with" not in single.stdout
+
+
 def test_check_says_in_one_line_why_it_cannot_predict(tmp_path):
     (tmp_path / "r.yaml").write_text(f"model_name_or_path: {tmp_path}\n")  # a folder without config.json
     done = grpo("check", "-c", "r.yaml", "--gpu-memory", "24", cwd=tmp_path)

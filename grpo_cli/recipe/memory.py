@@ -34,6 +34,8 @@ class MemoryPlan:
     estimate: Estimate
     fixes: list[tuple[str, Estimate]] = field(default_factory=list)
     part_rows: int = 0  # where the rollout is sampled in parts: the completions of each part
+    # for a run that fits: the largest micro-batch that fits too, the step's completions in fewer of them
+    larger: tuple[str, Estimate] | None = None
 
     @property
     def limit(self) -> float:
@@ -185,15 +187,39 @@ def candidate_fixes(run: RunShape) -> list[tuple[str, RunShape]]:
     return found
 
 
+def larger_micro_batches(values: dict, run: RunShape) -> list[tuple[str, RunShape]]:
+    """The same completions per optimizer step in fewer, larger micro-batches, the largest first: the recipe's
+    `gradient_accumulation_steps` divided, its micro-batch multiplied alike. None where `steps_per_generation` is set
+    apart from the accumulation (the generation batch would change with the micro-batch)."""
+    accumulation = int(values.get("gradient_accumulation_steps") or 1)
+    if values.get("steps_per_generation") not in (None, accumulation):
+        return []
+    found = []
+    factor = 2
+    while accumulation % factor == 0:
+        micro = run.micro_batch * factor
+        keys = f"per_device_train_batch_size: {micro}, gradient_accumulation_steps: {accumulation // factor}"
+        found.insert(0, (keys, replace(run, micro_batch=micro)))
+        factor *= 2
+    return found
+
+
 def memory_plan(
     recipe: Recipe, processes: int, accelerate_config: dict | None, card: Card, shape: ModelShape | None = None
 ) -> MemoryPlan:
-    """The prediction on `card`, and where it does not fit, the first two changes that would."""
+    """The prediction on `card`; where it fits, the largest micro-batch that fits too, and where it does not, the
+    first two changes that would."""
     shape = shape or model_shape(recipe)
     run = run_shape(recipe, processes, accelerate_config, shape)
     limit = fit_limit(card)
     predicted, part_rows = in_parts(shape, run, card, limit)
     plan = MemoryPlan(card, run, predicted, part_rows=part_rows)
+    if plan.fits:
+        for what, changed in larger_micro_batches(recipe.resolved(), run):
+            after, _ = in_parts(shape, changed, card, limit)
+            if after.peak <= limit:
+                plan.larger = (what, after)
+                break
     if not plan.fits:
         for what, changed in candidate_fixes(run):
             after, _ = in_parts(shape, changed, card, limit)

@@ -167,6 +167,14 @@ def show_memory_plan(
         )
     if mp.verdict == "fits":
         output.print(f"[green]fits[/]: {peak:.1f} GiB of {memory:.1f}")
+        if mp.larger:
+            what, after = mp.larger
+            output.print(
+                f"  fits too with {escape(what)}: {after.peak / GIB:.1f} GiB - the same completions a step in fewer "
+                "forward/backward passes, each with a fixed cost that shows on small models "
+                "(docs/performance.md#micro-batches)",
+                soft_wrap=True,
+            )
         return
     if mp.verdict == "tight":
         output.print(
