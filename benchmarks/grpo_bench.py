@@ -123,6 +123,9 @@ CONFIGS = {
     "trl-lora16": ("trl", {"lora": LORA16}),
     "grpo-lora16": ("grpo", {"micro_batch": "recipe", "lora": LORA16}),
     "grpo-lora16-mb8": ("grpo", {"micro_batch": 8, "lora": LORA16}),  # TRL's micro-batch: its peak to compare
+    # the same without one of grpo's GPU defaults each: whose forward/backward is slower than TRL's there
+    "grpo-lora16-mb8-no-liger": ("grpo", {"micro_batch": 8, "lora": LORA16, "use_liger_kernel": False}),
+    "grpo-lora16-mb8-no-lean": ("grpo", {"micro_batch": 8, "lora": LORA16, "lean_lm_head": False}),
     # no recomputed forward: where the memory allows it (7B at 512 tokens: 54 GiB predicted in micro-batches of 4)
     "grpo-lora16-no-gc-mb4": ("grpo", {"micro_batch": 4, "lora": LORA16, "gradient_checkpointing": False}),
     # the LoRA layers' forward/backward fused in the weights' dtype (`fused_lora`), at the recipe's and TRL's micro-batch
