@@ -176,16 +176,18 @@ def grpo(*args, cwd) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+def local_model_recipe(folder: Path, config: dict, keys: str) -> None:
+    """r.yaml in `folder` on a local model that is only its config.json (nothing loads), 8 completions a prompt."""
+    model = folder / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen2ForCausalLM"]}))
+    (folder / "r.yaml").write_text(f"model_name_or_path: {model}\ndtype: bfloat16\nnum_generations: 8\n{keys}")
+
+
 def test_check_predicts_for_a_local_model_and_names_what_fits(tmp_path):
     """`grpo check --gpu-memory 24` on a recipe whose model is a local folder (config.json only: nothing loads):
     the parts, the peak, the verdict, and for a 7B model with full fine-tuning the change that fits it."""
-    model = tmp_path / "qwen7b"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({**QWEN_7B, "architectures": ["Qwen2ForCausalLM"]}))
-    (tmp_path / "r.yaml").write_text(
-        f"model_name_or_path: {model}\ndtype: bfloat16\nper_device_train_batch_size: 8\nnum_generations: 8\n"
-        "max_completion_length: 1024\n"
-    )
+    local_model_recipe(tmp_path, QWEN_7B, "per_device_train_batch_size: 8\nmax_completion_length: 1024\n")
     done = grpo("check", "-c", "r.yaml", "--gpu-memory", "24", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "Predicted GPU memory per process" in done.stdout and "optimizer state" in done.stdout
@@ -208,13 +210,8 @@ def test_a_run_that_fits_is_offered_the_largest_micro_batch_that_fits_too(tmp_pa
     assert [run.micro_batch for _, run in offered] == [64, 32, 16] and {run.rollout_rows for _, run in offered} == {64}
     assert larger_micro_batches({"gradient_accumulation_steps": 1}, RUN) == []
     assert larger_micro_batches({"gradient_accumulation_steps": 8, "steps_per_generation": 16}, RUN) == []
-    model = tmp_path / "qwen05b"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({**QWEN_05B, "architectures": ["Qwen2ForCausalLM"]}))
-    (tmp_path / "r.yaml").write_text(
-        f"model_name_or_path: {model}\ndtype: bfloat16\nuse_peft: true\nper_device_train_batch_size: 4\n"
-        "gradient_accumulation_steps: 16\nnum_generations: 8\nmax_completion_length: 256\n"
-    )
+    local_model_recipe(tmp_path, QWEN_05B, "use_peft: true\nper_device_train_batch_size: 4\n"
+                       "gradient_accumulation_steps: 16\nmax_completion_length: 256\n")  # fmt: skip
     done = grpo("check", "-c", "r.yaml", "--gpu-memory", "24", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     [line] = [line for line in done.stdout.splitlines() if "fits too with" in line]
