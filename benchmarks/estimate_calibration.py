@@ -2,8 +2,9 @@
 
     python benchmarks/estimate_calibration.py FITTED.json ... [--held-out MORE.json ...] --out calibration.json
 
-Reads every `grpo` configuration of the given results files (one H200 each) that made at least one step after its
-warm-up, predicts it from its shape and set-up with `grpo_cli.engine.estimate`, and prints predicted against
+Reads every `grpo` configuration of the given results files that made at least one step after its warm-up, predicts
+it from its shape and set-up with `grpo_cli.engine.estimate` for the card it ran on (the file's `machine.device`; an
+H200 where it names none), and prints predicted against
 measured: the peak (torch's `max_memory_allocated`) and the median step after the warm-up. The first files are the
 runs the estimate's constants were fitted to; `--held-out` files are runs it did not see (a set-up that is also in
 the fitted files is left out of them). Runs on the CPU in seconds.
@@ -39,12 +40,11 @@ def run_shape(entry: dict) -> RunShape:
     _, keys = CONFIGS[entry["config"]]
     overrides = {**keys, **(entry.get("overrides") or {})}
     lora = entry.get("lora") or {}
-    rows = PROMPTS * GENERATIONS
-    calls = (entry.get("steps") or [{}])[-1].get("calls") or [{"batch": rows, "prompt_len": 147}]
+    calls = (entry.get("steps") or [{}])[-1].get("calls") or [{"batch": PROMPTS * GENERATIONS, "prompt_len": 147}]
     sharded = entry.get("accelerate") is not None
     offload = overrides.get("activation_offloading")
     if offload is None:  # the GPU default (grpo_cli.recipe.hardware.training_sets_the_peak)
-        share = layer_input_share(_config(entry["shape"]), entry["micro_batch"], rows)
+        share = layer_input_share(_config(entry["shape"]), entry["micro_batch"], calls[0]["batch"])
         offload = not sharded and share >= (1.0 if lora else 0.5)
     targets = lora.get("target_modules")
     return RunShape(
@@ -62,6 +62,12 @@ def run_shape(entry: dict) -> RunShape:
     )
 
 
+def card_of(data: dict):
+    """The card a results file ran on, from its `machine.device` (the driver's name), else an H200."""
+    device = str((data.get("machine") or {}).get("device") or "")
+    return next((card for name, card in CARDS.items() if name.split("-")[0] in device), CARDS["H200"])
+
+
 def _timed(entry: dict, warmup: int = 1) -> bool:
     """A grpo configuration with a step after its warm-up: done, or stopped at its cap after one."""
     if not isinstance(entry, dict) or entry.get("side") != "grpo" or not entry.get("summary"):
@@ -76,9 +82,9 @@ def _shown(path: str) -> str:
 
 def rows_of(paths: list[str], held_out: list[str] = ()) -> list[dict]:
     fitted = _rows(paths)
-    seen = {(row["shape"], row["run"]) for row in fitted}
+    seen = {(row["shape"], row["run"], row["card"]) for row in fitted}
     rows = [{**row, "fitted": True} for row in fitted]
-    rows += [{**row, "fitted": False} for row in _rows(held_out) if (row["shape"], row["run"]) not in seen]
+    rows += [{**row, "fitted": False} for row in _rows(held_out) if (row["shape"], row["run"], row["card"]) not in seen]
     for row in rows:
         del row["run"]
     return rows
@@ -90,21 +96,23 @@ def _rows(paths) -> list[dict]:
         data = json.loads(Path(path).read_text())
         if not isinstance(data, dict):
             continue
-        entries = data.get("results") or [e for call in data.get("calls") or [] for e in call.get("results") or []]
-        for entry in entries:
+        calls = [data] if data.get("results") else data.get("calls") or []
+        for call, entry in ((c, e) for c in calls for e in c.get("results") or []):
             if not _timed(entry):
                 continue
             if entry.get("shape") not in SHAPES or entry.get("config") not in CONFIGS:
                 continue
-            if any(word in entry["config"] for word in ("cudnn", "guard", "dynamic", "-cb")):
+            if any(word in entry["config"] for word in ("cudnn", "guard", "dynamic", "-cb", "no-liger")):
                 continue  # switches the estimate does not model
             run = run_shape(entry)
             shape = ModelShape.of(_config(entry["shape"]))
-            predicted = estimate(shape, run, CARDS["H200"])
+            card = card_of(call)
+            predicted = estimate(shape, run, card)
             summary = entry["summary"]
-            found[(entry["shape"], run)] = (
+            found[(entry["shape"], run, card.name)] = (
                 {
                     "file": _shown(path),
+                    "card": card.name,
                     "run": run,
                     "shape": entry["shape"],
                     "tokens": entry["length"],
@@ -129,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     rows = rows_of(args.results, args.held_out)
-    print(f"{'shape':14} {'tok':>5} {'config':18} {'mb':>3} off {'peak':>6} {'pred':>6} {'err':>6} {'step':>6} {'pred':>6} {'err':>6}")
+    print(f"{'card':9} {'shape':14} {'tok':>5} {'config':18} {'mb':>3} off {'peak':>6} {'pred':>6} {'err':>6} {'step':>6} {'pred':>6} {'err':>6}")
     for fitted in (True, False):
         group = [r for r in rows if r["fitted"] == fitted]
         if not group:
@@ -137,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
         print("fitted:" if fitted else "held out:")
         for r in group:
             print(
-                f"{r['shape']:14} {r['tokens']:>5} {r['config']:18} {r['micro_batch']:>3} {'y' if r['offloading'] else 'n':>3} "
+                f"{r['card']:9} {r['shape']:14} {r['tokens']:>5} {r['config']:18} {r['micro_batch']:>3} {'y' if r['offloading'] else 'n':>3} "
                 f"{r['peak_gib']:>6} {r['predicted_peak_gib']:>6} {r['peak_error']:>+6.1%} "
                 f"{r['step_s']:>6} {r['predicted_step_s']:>6} {r['step_error']:>+6.1%}"
             )

@@ -4,6 +4,7 @@ monotone in the keys that set the peak, and the plan's verdict and fixes through
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -82,8 +83,23 @@ def test_the_peak_grows_with_the_keys_that_set_it(config):
 
 
 FITTED = ["h200-2026-12-01/*.json", "h200-2026-12-02/*.json", "h200-2026-12-03/lora-folded.json",
-          "h200-2026-12-03/zero2-and-7b-1024.json"]
+          "h200-2026-12-03/zero2-and-7b-1024.json", "h100-2026-12-05/micro-batches-0.5b.json"]
 HELD_OUT = ["h200-2026-12-04/*.json"]
+
+
+def test_each_micro_batch_takes_at_least_the_launch_of_its_layers():
+    """A small model's forward/backward in many small micro-batches is bound by launching their kernels: the same
+    completions take longer in more micro-batches; a large model's is bound by its arithmetic, however it is split."""
+    from grpo_cli.engine.estimate import TRAIN_LAUNCH_LAYER_S
+
+    small, large = ModelShape.of(QWEN_05B), ModelShape.of(QWEN_7B)
+    short = replace(RUN, completion_tokens=192, prompt_tokens=147)
+    whole, split = (estimate(small, replace(short, micro_batch=m), CARDS["H100-80GB"]) for m in (64, 16))
+    assert split.train_s > whole.train_s
+    assert split.train_s == pytest.approx(4 * small.layers * TRAIN_LAUNCH_LAYER_S)  # 64 rows in four of 16
+    assert estimate(large, replace(RUN, micro_batch=4), CARDS["H200"]).train_s == pytest.approx(
+        estimate(large, replace(RUN, micro_batch=64), CARDS["H200"]).train_s
+    )
 
 
 def _results(patterns: list[str]) -> list[str]:
@@ -99,6 +115,7 @@ def test_the_measured_h200_peaks_are_predicted_within_their_calibration():
     from benchmarks.estimate_calibration import rows_of
 
     rows = rows_of(_results(FITTED), _results(HELD_OUT))
+    assert {r["card"] for r in rows} == {"H200", "H100-80GB"}  # each predicted for the card it ran on
     held_out = [r for r in rows if not r["fitted"]]
     assert len(rows) >= 12 and len(held_out) >= 6, rows
     assert {r["tokens"] for r in held_out} >= {256, 1024, 2048, 4096}
@@ -196,9 +213,19 @@ def test_check_predicts_for_a_local_model_and_names_what_fits(tmp_path):
     assert "fits:" in roomy.stdout and "does not fit" not in roomy.stdout
 
 
-def test_a_run_that_fits_is_offered_the_largest_micro_batch_that_fits_too(tmp_path):
+def _offered(done: subprocess.CompletedProcess) -> tuple[str, float, float] | None:
+    """The larger micro-batch `grpo check` names, its predicted step and the recipe's, or None."""
+    assert done.returncode == 0, done.stderr
+    step = float(re.search(r"^step: about ([\d.]+) s", done.stdout, re.MULTILINE).group(1))
+    named = re.search(r"fits too with (per_device_train_batch_size: \d+, gradient_accumulation_steps: \d+): "
+                      r"[\d.]+ GiB, a step about ([\d.]+) s", done.stdout)  # fmt: skip
+    return (named.group(1), float(named.group(2)), step) if named else None
+
+
+def test_a_run_that_fits_is_offered_the_micro_batch_that_makes_the_fastest_steps(tmp_path):
     """Fewer micro-batches make faster steps where launching kernels bounds them: for a recipe that fits, the check
-    names the largest micro-batch (the accumulation divided alike) whose predicted peak fits too."""
+    names the larger micro-batch (the accumulation divided alike) that fits too and is predicted to make the fastest
+    steps (the smallest of those as fast), for a small model; none where the arithmetic sets the step's time (7B)."""
     from grpo_cli.recipe.memory import larger_micro_batches
 
     offered = larger_micro_batches({"gradient_accumulation_steps": 8}, RUN)
@@ -211,18 +238,20 @@ def test_a_run_that_fits_is_offered_the_largest_micro_batch_that_fits_too(tmp_pa
     assert larger_micro_batches({"gradient_accumulation_steps": 1}, RUN) == []
     assert larger_micro_batches({"gradient_accumulation_steps": 8, "steps_per_generation": 16}, RUN) == []
     local_model_recipe(tmp_path, QWEN_05B, "use_peft: true\nper_device_train_batch_size: 4\n"
-                       "gradient_accumulation_steps: 16\nmax_completion_length: 256\n")  # fmt: skip
-    done = grpo("check", "-c", "r.yaml", "--gpu-memory", "24", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    [line] = [line for line in done.stdout.splitlines() if "fits too with" in line]
-    assert "per_device_train_batch_size: 64, gradient_accumulation_steps: 1" in line, line
-    assert float(line.split(": ")[-1].split(" GiB")[0]) < 24 * 0.92
-    tight = grpo("check", "-c", "r.yaml", "--gpu-memory", "24", "--max_completion_length", "4096", cwd=tmp_path)
-    [line] = [line for line in tight.stdout.splitlines() if "fits too with" in line]
-    assert "per_device_train_batch_size: 64," not in line, line  # the largest fits no longer: a smaller one is named
-    single = grpo("check", "-c", "r.yaml", "--gpu-memory", "24", "--per_device_train_batch_size", "64",
-                  "--gradient_accumulation_steps", "1", cwd=tmp_path)  # fmt: skip
-    assert "fits:" in single.stdout and "fits too with" not in single.stdout
+                       "gradient_accumulation_steps: 16\nmax_completion_length: 1024\n")  # fmt: skip
+    roomy = _offered(grpo("check", "-c", "r.yaml", "--gpu-memory", "24", cwd=tmp_path))
+    assert roomy is not None and roomy[1] < roomy[2], roomy
+    tight = _offered(grpo("check", "-c", "r.yaml", "--gpu-memory", "3", cwd=tmp_path))
+    assert tight is not None and tight[1] < tight[2], tight
+    micro = {what: int(what.split(": ")[1].split(",")[0]) for what in (roomy[0], tight[0])}
+    assert micro[tight[0]] < micro[roomy[0]]  # on a smaller card, a smaller one: the faster one fits no longer
+    assert _offered(grpo("check", "-c", "r.yaml", "--gpu-memory", "24", "--per_device_train_batch_size", "64",
+                         "--gradient_accumulation_steps", "1", cwd=tmp_path)) is None  # fmt: skip
+    big = tmp_path / "big"
+    big.mkdir()
+    local_model_recipe(big, QWEN_7B, "use_peft: true\nper_device_train_batch_size: 8\ngradient_accumulation_steps: 16\n"
+                       "max_completion_length: 1024\n")  # fmt: skip
+    assert _offered(grpo("check", "-c", "big/r.yaml", "--gpu", "H200", cwd=tmp_path)) is None
 
 
 def test_check_says_in_one_line_why_it_cannot_predict(tmp_path):

@@ -35,6 +35,9 @@ DECODE_LORA_LAYER_S = 45e-6
 # the forward, the recomputation and the backward, which takes about as long again.
 TRAIN_FLOPS_SHARE = 0.45
 TRAIN_TOKEN_LAYER_S = 0.23e-6  # the elementwise kernels' time per token and layer, whatever the matrix sizes
+# The host's time to launch one layer's kernels for one micro-batch (its forward, recomputation and backward): a
+# micro-batch takes at least this long a layer however few its tokens, where the GPU waits on the launches.
+TRAIN_LAUNCH_LAYER_S = 7.8e-3
 ZERO3_TRAIN_FACTOR = 2.2
 
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -250,5 +253,7 @@ def _seconds(shape: ModelShape, run: RunShape, card: Card, params: int, adapter:
     flops = factor * params * run.rollout_rows * tokens
     train = flops / (card.bf16_tflops * 1e12 * TRAIN_FLOPS_SHARE)
     train += run.rollout_rows * tokens * shape.layers * TRAIN_TOKEN_LAYER_S
+    micro_batches = -(-run.rollout_rows // max(1, run.micro_batch))
+    train = micro_batches * max(train / micro_batches, shape.layers * TRAIN_LAUNCH_LAYER_S)
     train *= ZERO3_TRAIN_FACTOR if run.zero_stage == 3 else 1
     return generation, train

@@ -170,9 +170,9 @@ def show_memory_plan(
         if mp.larger:
             what, after = mp.larger
             output.print(
-                f"  fits too with {escape(what)}: {after.peak / GIB:.1f} GiB - the same completions a step in fewer "
-                "forward/backward passes, each with a fixed cost that shows on small models "
-                "(docs/performance.md#micro-batches)",
+                f"  fits too with {escape(what)}: {after.peak / GIB:.1f} GiB, a step about {seconds(after.step_s)} - "
+                "the same completions in fewer forward/backward passes, each of which costs the launch of its "
+                "kernels (docs/performance.md#micro-batches)",
                 soft_wrap=True,
             )
         return
