@@ -218,18 +218,8 @@ def memory_plan(
     predicted, part_rows = in_parts(shape, run, card, limit)
     plan = MemoryPlan(card, run, predicted, part_rows=part_rows)
     if plan.fits:
-        fitting = []
-        for what, changed in larger_micro_batches(recipe.resolved(), run):
-            after, _ = in_parts(shape, changed, card, limit)
-            if after.peak <= limit:
-                fitting.append((what, after))
-        if fitting:
-            fastest = min(after.step_s for _, after in fitting)
-            # the smallest of those as fast as the fastest: no more memory than the speed needs
-            what, after = [(w, a) for w, a in fitting if a.step_s <= 1.01 * fastest][-1]
-            if after.step_s < FASTER_SHARE * predicted.step_s:
-                plan.larger = (what, after)
-    if not plan.fits:
+        plan.larger = _fastest_larger_micro_batch(recipe, shape, run, card, predicted)
+    else:
         for what, changed in candidate_fixes(run):
             after, _ = in_parts(shape, changed, card, limit)
             if after.peak <= plan.limit:
@@ -237,6 +227,24 @@ def memory_plan(
             if len(plan.fixes) == 2:
                 break
     return plan
+
+
+def _fastest_larger_micro_batch(
+    recipe: Recipe, shape: ModelShape, run: RunShape, card: Card, predicted: Estimate
+) -> tuple[str, Estimate] | None:
+    """Of the larger micro-batches that fit, the smallest whose predicted step is as fast as the fastest's (no more
+    memory than the speed needs), where that step is faster than `predicted`'s."""
+    limit = fit_limit(card)
+    fitting = []
+    for what, changed in larger_micro_batches(recipe.resolved(), run):  # the largest first
+        after, _ = in_parts(shape, changed, card, limit)
+        if after.peak <= limit:
+            fitting.append((what, after))
+    if not fitting:
+        return None
+    fastest = min(after.step_s for _, after in fitting)
+    what, after = [(w, a) for w, a in fitting if a.step_s <= 1.01 * fastest][-1]
+    return (what, after) if after.step_s < FASTER_SHARE * predicted.step_s else None
 
 
 def in_parts(shape: ModelShape, run: RunShape, card: Card, limit: float) -> tuple[Estimate, int]:
