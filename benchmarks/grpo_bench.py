@@ -14,6 +14,7 @@ configuration.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -121,6 +122,8 @@ CONFIGS = {
     "grpo-cudnn": ("grpo", {"micro_batch": "recipe", "cudnn_attention": True}),  # torch's cuDNN attention allowed
     # LoRA of rank 16 on every linear layer, the same adapter on both sides
     "trl-lora16": ("trl", {"lora": LORA16}),
+    # Unsloth's GRPO without vLLM, the same adapter (needs --unsloth-site: Unsloth and the TRL it supports)
+    "unsloth-lora16": ("unsloth", {"lora": LORA16}),
     "grpo-lora16": ("grpo", {"micro_batch": "recipe", "lora": LORA16}),
     "grpo-lora16-mb8": ("grpo", {"micro_batch": 8, "lora": LORA16}),  # TRL's micro-batch: its peak to compare
     # the same without one of grpo's GPU defaults each: whose forward/backward is slower than TRL's there
@@ -164,11 +167,13 @@ def master_weights_default(device: str, lora: bool, accelerate: str | None) -> b
 def baseline_of(config: str) -> str:
     """The plain TRL configuration a configuration's speedup is measured against: the same set-up (LoRA, ZeRO-3),
     else TRL's defaults."""
-    twin = "trl" + re.sub(r"-no-gc|-fused|-skip|-mb\d+$", "", config.removeprefix("grpo").removeprefix("trl"))
+    own = config.removeprefix("grpo").removeprefix("unsloth").removeprefix("trl")
+    twin = "trl" + re.sub(r"-no-gc|-fused|-skip|-mb\d+$", "", own)
     return twin if twin in CONFIGS else "trl"
 
 
 TRL_MICRO_BATCH = 8  # GRPOConfig's default per_device_train_batch_size
+UNSLOTH_PROMPT_TOKENS = 512  # room for the prompt in Unsloth's max_seq_length (Countdown's are about 150 tokens)
 MICRO_BATCH_TOKENS = 8192  # completion tokens per micro-batch with the R1-Zero Countdown settings (8 x 1024)
 MEMORY_EVENTS = 20_000_000  # allocations and frees `--memory` keeps; more, and the oldest are dropped
 
@@ -213,8 +218,6 @@ def _install_timers(record: dict, out: Path, steps: int, profile: str = "", memo
     import torch
     from transformers.trainer_callback import CallbackHandler
     from trl import GRPOTrainer
-
-    from grpo_cli.train import rollout_func
 
     cuda = torch.cuda.is_available()
 
@@ -267,9 +270,11 @@ def _install_timers(record: dict, out: Path, steps: int, profile: str = "", memo
         pending["decode_steps"] += max(len(c) for c in completion_ids)
         pending["calls"].append({"batch": len(completion_ids), "prompt_len": max(len(p) for p in prompt_ids)})
         if "rollout" not in record:
-            if self.rollout_func is None:
+            if getattr(self, "rollout_func", None) is None:
                 record["rollout"] = "trl generate"
             else:
+                from grpo_cli.train import rollout_func
+
                 reason = rollout_func.trainer_fallback_reason(self)
                 record["rollout"] = f"trl generate ({reason})" if reason else "grpo static cache"
         if record.get("rollout") == "grpo static cache":
@@ -414,8 +419,7 @@ def run_trl(spec: dict, output_dir: Path) -> None:
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpo_cli.rewards import build_reward_funcs
-    from grpo_cli.train.rl import conversational
+    from grpo_cli.rewards import build_reward_funcs, conversational
 
     cuda = torch.cuda.is_available()
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
@@ -443,6 +447,55 @@ def run_trl(spec: dict, output_dir: Path) -> None:
         train_dataset=_prompts(spec, tokenizer),
         processing_class=tokenizer,
         peft_config=peft_config,
+    )
+    trainer.train()
+
+
+def run_unsloth(spec: dict, output_dir: Path) -> None:
+    """Unsloth's GRPO without vLLM, as its notebooks set it up: its `FastLanguageModel` (`fast_inference=False`: no
+    vLLM, its own generation), its LoRA with its offloaded gradient checkpointing, its patched `GRPOTrainer` with the
+    plain TRL side's keys. `worker` imported unsloth before TRL, so that it could patch both."""
+    import torch
+    from trl import GRPOConfig, GRPOTrainer
+    from unsloth import FastLanguageModel
+
+    from grpo_cli.engine.estimate import LINEAR_NAMES
+    from grpo_cli.rewards import build_reward_funcs, conversational
+
+    cuda = torch.cuda.is_available()
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        spec["model"],
+        max_seq_length=UNSLOTH_PROMPT_TOKENS + spec["length"],
+        dtype=torch.bfloat16 if cuda else torch.float32,
+        load_in_4bit=False,
+        fast_inference=False,
+    )
+    lora = spec["lora"]
+    targets = list(LINEAR_NAMES) if lora["target_modules"] == "all-linear" else lora["target_modules"]
+    model = FastLanguageModel.get_peft_model(
+        model,
+        r=lora["r"],
+        lora_alpha=lora["alpha"],
+        target_modules=targets,
+        lora_dropout=0.0,  # PEFT's default, as on the plain TRL side
+        use_gradient_checkpointing="unsloth",
+        random_state=spec["seed"],
+    )
+    args = GRPOConfig(
+        output_dir=str(output_dir),
+        bf16=cuda,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        **_shared_keys(spec),
+        **spec["overrides"],
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[conversational(f) for f in build_reward_funcs(spec["rewards"], 0.5)],
+        args=args,
+        train_dataset=_prompts(spec, tokenizer),
+        processing_class=tokenizer,
     )
     trainer.train()
 
@@ -494,9 +547,13 @@ def worker(spec_path: Path) -> None:
         torch.cuda.set_per_process_memory_fraction(min(1.0, spec["memory_limit_gib"] * 2**30 / total))
     if spec.get("memory") and torch.cuda.is_available():
         torch.cuda.memory._record_memory_history(max_entries=MEMORY_EVENTS, stacks="python")
+    if spec["side"] == "unsloth":
+        import unsloth  # noqa: F401  (before TRL, which it patches as it loads)
+
+        record["rollout"] = "unsloth generate"  # its patched model.generate, no vLLM
     _install_timers(record, out, spec["steps"], spec.get("profile", ""), spec.get("memory", ""))
     work = Path(tempfile.mkdtemp(prefix="grpo-bench-"))
-    (run_trl if spec["side"] == "trl" else run_grpo)(spec, work / "run")
+    {"trl": run_trl, "grpo": run_grpo, "unsloth": run_unsloth}[spec["side"]](spec, work / "run")
     record["status"] = "done"
     _write_json(out, record)
 
@@ -730,6 +787,9 @@ def _run_worker(spec: dict, cap: float, log: Path) -> dict:
         config = ROOT / "configs" / "accelerate" / f"{spec['accelerate']}.yaml"
         launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
         command = [*launch, "--num_processes", "1", "--main_process_port", str(_free_port()), *command[1:]]
+    env = dict(os.environ)
+    if spec.get("python_path"):  # packages this configuration needs before the others (Unsloth's TRL)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [spec["python_path"], env.get("PYTHONPATH")]))
     with open(log, "w") as handle:
         process = subprocess.Popen(
             command,
@@ -737,6 +797,7 @@ def _run_worker(spec: dict, cap: float, log: Path) -> dict:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             cwd=str(ROOT),
+            env=env,
         )
         try:
             code = process.wait(timeout=cap)
@@ -896,6 +957,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--profile", default="", help="comma-separated configs whose third step is profiled")
     parser.add_argument(
+        "--unsloth-site",
+        help="a folder of packages put first on the Python path of the unsloth configurations: Unsloth with the TRL "
+        "(<=1.15) and datasets (<5) it supports",
+    )
+    parser.add_argument(
         "--memory",
         default="",
         help="comma-separated configs whose allocations are recorded: who holds memory between steps and at the peak",
@@ -919,6 +985,9 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--plan: {err}")
     else:
         plan = TINY_PLAN if args.tiny else GPU_PLAN
+    unsloth = sorted({config for _, _, config, _, _ in plan if CONFIGS[config][0] == "unsloth"})
+    if unsloth and not args.unsloth_site and importlib.util.find_spec("unsloth") is None:
+        parser.error(f"{', '.join(unsloth)}: Unsloth is not installed here - --unsloth-site DIR names a folder with it and the TRL it supports")
     # a reward file's path from this working directory, as each configuration's process reads it
     rewards = [_absolute_reward(name) for name in args.rewards.split(",")]
     training = {} if args.learning_rate is None else {"learning_rate": args.learning_rate}
@@ -1005,6 +1074,7 @@ def main(argv: list[str] | None = None) -> None:
             "accelerate": accelerate,
             "lora": lora,
             "micro_batch": micro_batch,
+            "python_path": args.unsloth_site if side == "unsloth" else None,
             "rewards": rewards,
             "training": training,
             "memory_limit_gib": args.memory_limit_gib,

@@ -168,9 +168,8 @@ def train_trl(recipe, clock) -> None:
 
     from grpo_cli.models import render_prompt
     from grpo_cli.recipe import reward_names
-    from grpo_cli.rewards import build_reward_funcs
+    from grpo_cli.rewards import build_reward_funcs, conversational
     from grpo_cli.tasks import load_task_dataset
-    from grpo_cli.train.rl import conversational
 
     values = recipe.resolved()
     cuda = torch.cuda.is_available()

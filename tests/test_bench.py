@@ -117,6 +117,15 @@ def test_a_plan_entry_that_cannot_run_or_would_time_no_step_stops_the_benchmark_
         assert stopped.value.code == 2
         assert f"--plan: {plan}: {why}" in capsys.readouterr().err
     assert not (tmp_path / "out.json").exists() and not (tmp_path / "work").exists()
+    # Unsloth's side is measured against TRL's with the same adapter, from a folder of its own packages
+    from benchmarks.grpo_bench import baseline_of
+
+    assert baseline_of("unsloth-lora16") == "trl-lora16"
+    with pytest.raises(SystemExit) as stopped:
+        main(["--plan", "qwen2.5-3b:512:unsloth-lora16", "--out", str(tmp_path / "out.json")])
+    assert stopped.value.code == 2
+    assert "unsloth-lora16: Unsloth is not installed here - --unsloth-site DIR names a folder" in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()
 
 
 def test_a_plan_entry_may_name_a_demo_model_with_its_pretrained_weights(demo_tokenizer_dir):

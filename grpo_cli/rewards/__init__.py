@@ -14,7 +14,7 @@ from grpo_cli.rewards import (  # noqa: F401  (register the built-in rewards)
     length,
     reasoning_gym,
 )
-from grpo_cli.rewards.guard import RewardGuard, build_reward_funcs, failure_counts
+from grpo_cli.rewards.guard import RewardGuard, build_reward_funcs, conversational, failure_counts
 from grpo_cli.rewards.registry import (
     REWARDS,
     RewardSpec,
@@ -30,6 +30,7 @@ __all__ = [
     "RewardSpec",
     "accuracy_reward",
     "build_reward_funcs",
+    "conversational",
     "failure_counts",
     "resolve_reward",
     "reward",

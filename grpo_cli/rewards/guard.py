@@ -23,7 +23,7 @@ from typing import Any
 from grpo_cli.once import SayOnce
 from grpo_cli.rewards.isolated import RewardLost, RewardProcess, RewardRaised
 from grpo_cli.rewards.registry import RewardSpec
-from grpo_cli.tasks.task import completion_text, prefill_of
+from grpo_cli.tasks.task import as_chats, completion_text, prefill_of
 from grpo_cli.tasks.time_limit import TimeLimitExpired, time_limit
 
 logger = logging.getLogger("grpo_cli.rewards")
@@ -252,6 +252,17 @@ def build_reward_funcs(
 
     specs = [resolve_reward(name, base_dir) for name in names]
     return [RewardGuard(spec, timeout, spec.reference, params) for spec in specs]
+
+
+def conversational(reward_func):
+    """Give a reward the task's conversational view of a rendered text prompt (prefill included): the training
+    rows carry the prompt as text for TRL and its messages in `prompt_messages`."""
+
+    def scored(prompts, completions, prompt_messages, **columns):
+        return reward_func(prompts=prompt_messages, completions=as_chats(completions), **columns)
+
+    scored.__name__ = reward_func.__name__
+    return scored
 
 
 def failure_counts(funcs: list[Callable]) -> dict[str, int]:

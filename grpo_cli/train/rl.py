@@ -18,8 +18,7 @@ from trl import GRPOTrainer
 from grpo_cli.engine import is_nonfinite_sampling
 from grpo_cli.engine.offload import LayerInputOffload
 from grpo_cli.recipe import Recipe, reward_funcs, reward_names
-from grpo_cli.rewards import accuracy_reward
-from grpo_cli.tasks import as_chats
+from grpo_cli.rewards import accuracy_reward, conversational
 from grpo_cli.train.batch_hooks import GuardedScores, RolloutsFile, SolvedGroups
 from grpo_cli.train.dynamic_sampling import DynamicSampler
 from grpo_cli.train.health import GuardedSteps, NonFiniteStop
@@ -140,16 +139,6 @@ class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
             for hook in self.after_scoring:
                 hook(self, output, count)
         return output
-
-
-def conversational(reward_func):
-    """Give a reward the task's conversational view of a rendered text prompt (prefill included)."""
-
-    def scored(prompts, completions, prompt_messages, **columns):
-        return reward_func(prompts=prompt_messages, completions=as_chats(completions), **columns)
-
-    scored.__name__ = reward_func.__name__
-    return scored
 
 
 @explains_out_of_memory
