@@ -173,7 +173,7 @@ def baseline_of(config: str) -> str:
 
 
 TRL_MICRO_BATCH = 8  # GRPOConfig's default per_device_train_batch_size
-UNSLOTH_PROMPT_TOKENS = 512  # room for the prompt in Unsloth's max_seq_length (Countdown's are about 150 tokens)
+UNSLOTH_PROMPT_TOKENS = 512  # room for the prompt in Unsloth's max_seq_length (Countdown's are far shorter)
 MICRO_BATCH_TOKENS = 8192  # completion tokens per micro-batch with the R1-Zero Countdown settings (8 x 1024)
 MEMORY_EVENTS = 20_000_000  # allocations and frees `--memory` keeps; more, and the oldest are dropped
 

@@ -100,8 +100,8 @@ def wants_master_weights(values: dict, hardware: Hardware) -> bool:
 def loads_onto_gpu(values: dict, hardware: Hardware) -> bool:
     """Whether a training run loads its weights straight onto its process's GPU, in the one allocation transformers'
     loader makes for them: the trainer's move of weights loaded on the CPU puts each in a block of its own rounded
-    size (at the Qwen2.5-3B shape, 0.1 GiB more for as long as the run lasts). Not where DeepSpeed or FSDP place the
-    weights, nor for k-bit weights (loaded onto the GPU anyway, `models.model_kwargs`)."""
+    size, held as long as the run lasts (docs/performance.md, "Under DeepSpeed, with LoRA, at 3B and 7B"). Not where
+    DeepSpeed or FSDP place the weights, nor for k-bit weights (loaded onto the GPU anyway, `models.model_kwargs`)."""
     sharded = hardware.sharded or values.get("deepspeed") or values.get("fsdp")
     kbit = values.get("load_in_4bit") or values.get("load_in_8bit")
     return hardware.gpu and not (values.get("use_cpu") or sharded or kbit)
