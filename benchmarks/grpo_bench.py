@@ -126,9 +126,10 @@ CONFIGS = {
     "unsloth-lora16": ("unsloth", {"lora": LORA16}),
     "grpo-lora16": ("grpo", {"micro_batch": "recipe", "lora": LORA16}),
     "grpo-lora16-mb8": ("grpo", {"micro_batch": 8, "lora": LORA16}),  # TRL's micro-batch: its peak to compare
-    # the same without one of grpo's GPU defaults each: whose forward/backward is slower than TRL's there
+    # the same with one of grpo's GPU defaults changed to TRL's each: which makes its forward/backward slower there
     "grpo-lora16-mb8-no-liger": ("grpo", {"micro_batch": 8, "lora": LORA16, "use_liger_kernel": False}),
-    "grpo-lora16-mb8-no-lean": ("grpo", {"micro_batch": 8, "lora": LORA16, "lean_lm_head": False}),
+    "grpo-lora16-mb8-cudnn": ("grpo", {"micro_batch": 8, "lora": LORA16, "cudnn_attention": True}),
+    "grpo-lora16-mb8-no-guard": ("grpo", {"micro_batch": 8, "lora": LORA16, "nonfinite_guard": False}),
     # no recomputed forward: where the memory allows it (7B at 512 tokens: 54 GiB predicted in micro-batches of 4)
     "grpo-lora16-no-gc-mb4": ("grpo", {"micro_batch": 4, "lora": LORA16, "gradient_checkpointing": False}),
     # the LoRA layers' forward/backward fused in the weights' dtype (`fused_lora`), at the recipe's and TRL's micro-batch
