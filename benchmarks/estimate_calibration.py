@@ -24,6 +24,7 @@ if str(ROOT) not in sys.path:
 from benchmarks.grpo_bench import CONFIGS, SHAPES
 from grpo_cli.engine.estimate import CARDS, GIB, LINEAR_NAMES, ModelShape, RunShape, estimate
 from grpo_cli.engine.offload import layer_input_share
+from grpo_cli.recipe.memory import card_of_device
 
 GENERATIONS = 8  # grpo_bench.py's completions per prompt
 PROMPTS = 16
@@ -64,8 +65,7 @@ def run_shape(entry: dict) -> RunShape:
 
 def card_of(data: dict):
     """The card a results file ran on, from its `machine.device` (the driver's name), else an H200."""
-    device = str((data.get("machine") or {}).get("device") or "")
-    return next((card for name, card in CARDS.items() if name.split("-")[0] in device), CARDS["H200"])
+    return card_of_device(str((data.get("machine") or {}).get("device") or "")) or CARDS["H200"]
 
 
 def _timed(entry: dict, warmup: int = 1) -> bool:

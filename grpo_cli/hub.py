@@ -181,7 +181,6 @@ def hub_model(repo_id: str, revision: str | None = None) -> str:
     )
 
 
-
 def hub_dataset(repo_id: str, ways_out: str) -> contextlib.AbstractContextManager:
     """Where `datasets.load_dataset(repo_id, ...)` runs: as it is where the Hub can be reached; else in datasets'
     offline mode over the copy it prepared before (HF_DATASETS_CACHE), without the library's retries; else (nothing

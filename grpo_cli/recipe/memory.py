@@ -87,9 +87,14 @@ def card_for(gpu: str | None, gpu_memory: float | None) -> Card | None:
     import torch
 
     props = torch.cuda.get_device_properties(0)
-    known = next((card for name, card in CARDS.items() if name.split("-")[0] in props.name), None)
+    known = card_of_device(props.name)
     memory = props.total_memory / GIB
     return replace(known, name=props.name, memory_gib=memory) if known else Card(props.name, memory)
+
+
+def card_of_device(device: str) -> Card | None:
+    """The known card a driver's device name ("NVIDIA H100 80GB HBM3") is, or None."""
+    return next((card for name, card in CARDS.items() if name.split("-")[0] in device), None)
 
 
 def _known(name: str) -> Card | None:

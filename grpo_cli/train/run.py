@@ -112,7 +112,8 @@ class TrainingRun:
         )
 
     def load_model(self):
-        device = self.args.device if loads_onto_gpu(self.recipe.resolved(), detect_hardware()) else None
+        hardware = self.recipe.hardware or detect_hardware()  # the machine the recipe's defaults were decided for
+        device = self.args.device if loads_onto_gpu(self.recipe.resolved(), hardware) else None
         with console.status(f"loading {self.model_args.model_name_or_path}"):
             model = load_model(self.model_args.model_name_or_path, self.model_args, for_training=True, device=device)
         refuse_short_embedding(model, self.tokenizer, self.model_args.model_name_or_path)
