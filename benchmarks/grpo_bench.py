@@ -167,10 +167,14 @@ def master_weights_default(device: str, lora: bool, accelerate: str | None) -> b
 
 def baseline_of(config: str) -> str:
     """The plain TRL configuration a configuration's speedup is measured against: the same set-up (LoRA, ZeRO-3),
-    else TRL's defaults."""
-    own = config.removeprefix("grpo").removeprefix("unsloth").removeprefix("trl")
-    twin = "trl" + re.sub(r"-no-gc|-fused|-skip|-mb\d+$", "", own)
-    return twin if twin in CONFIGS else "trl"
+    else TRL's defaults. grpo's own switches (`-mb8`, `-fused`, `-no-liger`, ...) follow the set-up in a name, so the
+    twin is the longest of the name's leading parts that names a TRL configuration."""
+    parts = re.sub(r"^(grpo|unsloth|trl)", "", config).split("-")[1:]
+    for end in range(len(parts), 0, -1):
+        twin = "-".join(["trl", *parts[:end]])
+        if twin in CONFIGS and CONFIGS[twin][0] == "trl":
+            return twin
+    return "trl"
 
 
 TRL_MICRO_BATCH = 8  # GRPOConfig's default per_device_train_batch_size
@@ -450,6 +454,11 @@ def run_trl(spec: dict, output_dir: Path) -> None:
         peft_config=peft_config,
     )
     trainer.train()
+
+
+def _importable(package: str, site: str | None) -> bool:
+    """Whether `package` imports in a process whose Python path starts with `site` (a folder, or None)."""
+    return (site is not None and (Path(site) / package).is_dir()) or importlib.util.find_spec(package) is not None
 
 
 def run_unsloth(spec: dict, output_dir: Path) -> None:
@@ -989,6 +998,13 @@ def main(argv: list[str] | None = None) -> None:
     unsloth = sorted({config for _, _, config, _, _ in plan if CONFIGS[config][0] == "unsloth"})
     if unsloth and not args.unsloth_site and importlib.util.find_spec("unsloth") is None:
         parser.error(f"{', '.join(unsloth)}: Unsloth is not installed here - --unsloth-site DIR names a folder with it and the TRL it supports")
+    if unsloth and args.device == "cuda" and not _importable("bitsandbytes", args.unsloth_site):
+        # its loader patches the model for bitsandbytes on a GPU even for 16-bit LoRA (`patch_model_and_tokenizer`)
+        parser.error(f"{', '.join(unsloth)}: Unsloth loads a model on a GPU only with bitsandbytes installed, even for 16-bit LoRA - install it into the --unsloth-site folder")
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("no CUDA device here - --device cpu (with --tiny) runs on the CPU")
     # a reward file's path from this working directory, as each configuration's process reads it
     rewards = [_absolute_reward(name) for name in args.rewards.split(",")]
     training = {} if args.learning_rate is None else {"learning_rate": args.learning_rate}
@@ -998,8 +1014,6 @@ def main(argv: list[str] | None = None) -> None:
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-
-    import torch
 
     report = {
         "command": " ".join(

@@ -58,6 +58,9 @@ def test_half_flat_rewards_leave_every_other_group_flat_and_grpo_skip_leaves_it_
     prompts = ["a", "a", "a", "b", "b", "b", "c", "c", "c"]
     assert half_flat(prompts, [""] * 9) == [1.0, 1.0, 1.0, 0.0, 1.0, 2.0, 1.0, 1.0, 1.0]
     assert grpo_bench.baseline_of("grpo-lora16-fused-skip") == "trl-lora16"
+    assert grpo_bench.baseline_of("grpo-lora16-mb8-no-liger") == "trl-lora16"
+    assert grpo_bench.baseline_of("grpo-zero3-lora16") == "trl-zero3-lora16"
+    assert grpo_bench.baseline_of("grpo-mb16-no-liger") == "trl"
 
     out = tmp_path / "results.json"
     monkeypatch.chdir(ROOT)  # the reward file's path is read from the working directory
