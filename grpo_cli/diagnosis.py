@@ -26,7 +26,10 @@ A finding's state must hold for `HOLD` (3) logs in a row unless said otherwise. 
   (0.1) over the logs since its first failure, with failures in at least 2 logs; said as timing out when
   `rewards/NAME/timed_out_frac` is at least half of that.
 - steps slowing: the median `step_time` of the last 3 logs is >= `SLOW_FACTOR` (1.5) times the median of logs 2-6
-  (the first includes warm-up), with at least 8 logs.
+  (the first includes warm-up), with at least 8 logs, and the steps' work does not explain it. A step's time follows
+  its longest completion (generation runs until it ends) and the completion tokens it trains (`frac_rows_skipped`:
+  a step whose groups all scored alike trains one completion); while the slow steps' work grew by as much, only
+  completions that grew longer are said (a longer step is no fault where more completions teach something).
 
 The findings that are shares of groups or completions (zero-variance, truncation, length and entropy collapse) wait
 until the logs cover `MIN_GROUPS` (16) prompt groups, as far as the recipe tells (per_device_train_batch_size x
@@ -411,6 +414,29 @@ def reward_failures(logs: list[dict], values: dict) -> list[Finding]:
     return found
 
 
+def _trained_tokens(entry: dict) -> float | None:
+    length = finite_number(entry, "completions/mean_length")
+    skipped = finite_number(entry, "frac_rows_skipped")
+    return None if length is None else length * (1.0 - (skipped or 0.0))
+
+
+# What a GRPO step's time grows with, read from its log: the decode steps of generation and the tokens it trains.
+STEP_WORK = {
+    "longest completion": lambda entry: finite_number(entry, "completions/max_length"),
+    "completion tokens": lambda entry: finite_number(entry, "completions/mean_length"),
+    "trained tokens": _trained_tokens,
+}
+
+
+def _growth(work, before: list[dict], after: list[dict]) -> float:
+    """How many times the mean of `work` over the logs `after` is its mean over `before` (1.0 where unknown)."""
+    a = [v for v in map(work, before) if v is not None]
+    b = [v for v in map(work, after) if v is not None]
+    if not a or not b or statistics.fmean(a) <= 0:
+        return 1.0
+    return statistics.fmean(b) / statistics.fmean(a)
+
+
 def steps_slowing(logs: list[dict], values: dict) -> Finding | None:
     times = [(index, finite_number(entry, "step_time")) for index, entry in enumerate(logs)]
     times = [(index, t) for index, t in times if t is not None and t > 0]
@@ -427,26 +453,40 @@ def steps_slowing(logs: list[dict], values: dict) -> Finding | None:
             start -= 1
         stretch = times[start:end]
         began, recent = stretch[0][0], statistics.median(t for _, t in stretch)
+        before, after = [logs[i] for i, _ in base_window], [logs[i] for i, _ in stretch]
+        grown = {what: _growth(work, before, after) for what, work in STEP_WORK.items()}
+        unexplained = recent / baseline >= SLOW_FACTOR * max(1.0, *grown.values())
+        grew = grown["completion tokens"] >= 1.3
+        if not unexplained and not grew:
+            continue  # as much more work: longer generations or more completions trained
         head = (
             f"steps slowing: {recent / baseline:.1f}x as long as at the start ({baseline:.2f} s -> {recent:.2f} s "
             "per step)"
         )
-        lengths = [finite_number(logs[i], "completions/mean_length") for i, _ in base_window]
-        now = [finite_number(logs[i], "completions/mean_length") for i, _ in stretch]
-        lengths, now = [v for v in lengths if v is not None], [v for v in now if v is not None]
-        limit = _value(values, "max_completion_length")
-        if lengths and now and statistics.fmean(now) >= 1.3 * statistics.fmean(lengths):
-            cap = f"--max_completion_length {int(statistics.fmean(now))}" if limit else "--max_completion_length"
-            message = (
-                f"{head}, as completions grew from {statistics.fmean(lengths):.0f} to {statistics.fmean(now):.0f} "
-                f"tokens - cap them ({cap}{_now(values, 'max_completion_length')}) if longer answers do not pay"
-            )
-        else:
+        if unexplained:
             timeout = _value(values, "reward_timeout")
             near = f" ({timeout:g} s per completion)" if timeout else ""
+            if max(grown.values()) < 1.1:
+                work = " with completions no longer"
+            else:
+                work = ", more than their work explains (" + ", ".join(
+                    f"{what} {ratio:.1f}x" for what, ratio in grown.items() if ratio >= 1.1
+                ) + ")"
             message = (
-                f"{head} with completions no longer: something besides the model slows them - a reward running "
-                f"near its reward_timeout{near}, another job on the machine, or memory swapping"
+                f"{head}{work}: something besides the model slows them - a reward running near its "
+                f"reward_timeout{near}, another job on the machine, or memory swapping"
+            )
+        else:
+            lengths = [finite_number(entry, "completions/mean_length") for entry in before]
+            now = [finite_number(entry, "completions/mean_length") for entry in after]
+            mean, mean_now = statistics.fmean(v for v in lengths if v is not None), statistics.fmean(
+                v for v in now if v is not None
+            )
+            limit = _value(values, "max_completion_length")
+            cap = f"--max_completion_length {int(mean_now)}" if limit else "--max_completion_length"
+            message = (
+                f"{head}, as completions grew from {mean:.0f} to {mean_now:.0f} tokens - cap them "
+                f"({cap}{_now(values, 'max_completion_length')}) if longer answers do not pay"
             )
         return Finding("steps_slowing", _step(logs[began], began), message)
     return None

@@ -352,6 +352,23 @@ def test_steps_slowing_says_whether_completions_grew(tmp_path):
     assert "completions grew from 100 to 200 tokens" in message and "--max_completion_length 200, now 256" in message
 
 
+def test_steps_slow_for_more_work_are_no_finding(tmp_path):
+    """`make demo`'s run: a step that trains every completion (none left out as a flat group) or whose longest
+    completion hits the limit takes twice as long; its steps are no slower for the work they do."""
+    def demo(step, time, longest, skipped):
+        return log(step, step_time=time, frac_rows_skipped=skipped, **{"completions/max_length": longest,
+                                                                       "completions/mean_length": 64.0})
+    steps = [(15.4, 93, 0.875), (11.1, 63, 0.875), (28.1, 128, 0.5), (13.7, 65, 0.5), (11.7, 74, 0.875),
+             (24.6, 128, 0.5), (13.9, 59, 0.5), (25.7, 79, 0.0)]
+    assert "steps_slowing" not in findings_of(tmp_path / "demo", [demo(s, *v) for s, v in enumerate(steps, 1)])
+    # three times as long for the same work: something else slows them
+    slower = steps[:5] + [(45.0, 70, 0.5), (44.0, 70, 0.5), (46.0, 70, 0.0)]
+    found = findings_of(tmp_path / "slower", [demo(s, *v) for s, v in enumerate(slower, 1)])
+    message = found["steps_slowing"].message
+    assert "3.3x as long" in message and "per step), more than their work explains (trained tokens 2.1x)" in message
+    assert "something besides the model slows them" in message
+
+
 def test_entropy_collapse_begins_where_it_stays_low(tmp_path):
     entropies = [0.6, 0.01, 0.01, 0.5, 0.015, 0.01, 0.005, 0.004]
     found = findings_of(tmp_path, [log(s, entropy=e) for s, e in enumerate(entropies, 1)])
