@@ -55,6 +55,9 @@ def run_shape(entry: dict) -> RunShape:
         completion_tokens=entry["length"],
         lora_rank=lora.get("r", 0),
         lora_modules=LINEAR_NAMES if targets in (None, "all-linear") else tuple(targets),
+        # grpo_bench.py's grpo side took TRL's ModelConfig default (0.05) before its adapters named their dropout
+        lora_dropout=bool(lora.get("dropout", 0.05)),
+        fused_lora=bool(overrides.get("fused_lora")),
         gradient_checkpointing=overrides.get("gradient_checkpointing", True),
         activation_offloading=bool(offload),
         zero_stage={"zero2": 2, "zero3": 3}.get(entry.get("accelerate"), 0),

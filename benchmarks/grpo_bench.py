@@ -83,7 +83,9 @@ SHAPES = {  # Qwen2.5 shapes (config.json of the released models), random weight
 # "grpo" splits the step's completions as the R1-Zero Countdown settings do (8 completions of 1024 tokens): micro-batches
 # of about 8192 completion tokens, at most 32 completions (`recipe_micro_batch`): the same GRPO work either way (TRL's
 # losses sum or average over the whole step).
-LORA16 = {"r": 16, "alpha": 32, "target_modules": "all-linear"}
+# The adapter of every LoRA configuration, on every side: rank 16 on every linear layer, no dropout (PEFT's default;
+# TRL's ModelConfig, which grpo's recipes start from, would add 0.05)
+LORA16 = {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"}
 SKIP = {"skip_zero_advantage": True, "pack_micro_batches": True}  # grpo's defaults, off on the grpo side otherwise
 CONFIGS = {
     "trl": ("trl", {}),
@@ -444,7 +446,9 @@ def run_trl(spec: dict, output_dir: Path) -> None:
         from peft import LoraConfig
 
         lora = spec["lora"]
-        peft_config = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], target_modules=lora["target_modules"])
+        peft_config = LoraConfig(
+            r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"], target_modules=lora["target_modules"]
+        )
     trainer = GRPOTrainer(
         model=spec["model"],
         reward_funcs=rewards,
@@ -487,7 +491,7 @@ def run_unsloth(spec: dict, output_dir: Path) -> None:
         r=lora["r"],
         lora_alpha=lora["alpha"],
         target_modules=targets,
-        lora_dropout=0.0,  # PEFT's default, as on the plain TRL side
+        lora_dropout=lora["dropout"],
         use_gradient_checkpointing="unsloth",
         random_state=spec["seed"],
     )
@@ -536,7 +540,13 @@ def run_grpo(spec: dict, output_dir: Path) -> None:
     }
     if spec.get("lora"):
         lora = spec["lora"]
-        recipe.update(use_peft=True, lora_r=lora["r"], lora_alpha=lora["alpha"], lora_target_modules=[lora["target_modules"]])
+        recipe.update(
+            use_peft=True,
+            lora_r=lora["r"],
+            lora_alpha=lora["alpha"],
+            lora_dropout=lora["dropout"],
+            lora_target_modules=[lora["target_modules"]],
+        )
     if spec.get("accelerate") and spec.get("lora"):  # PEFT + ZeRO-3 + gradient checkpointing (TRL 1.16)
         recipe["gradient_checkpointing_kwargs"] = {"use_reentrant": True}
     path = output_dir.parent / "recipe.yaml"

@@ -26,6 +26,8 @@ QWEN_7B = {  # config.json of Qwen2.5-7B-Instruct, the keys the estimate reads
 }
 QWEN_05B = {**QWEN_7B, "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
             "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True}
+QWEN_3B = {**QWEN_7B, "hidden_size": 2048, "num_hidden_layers": 36, "num_attention_heads": 16,
+           "num_key_value_heads": 2, "intermediate_size": 11008, "vocab_size": 151936, "tie_word_embeddings": True}
 RUN = RunShape(micro_batch=8, rollout_rows=64, prompt_tokens=200, completion_tokens=1024)
 
 
@@ -83,8 +85,32 @@ def test_the_peak_grows_with_the_keys_that_set_it(config):
 
 
 FITTED = ["h200-2026-12-01/*.json", "h200-2026-12-02/*.json", "h200-2026-12-03/lora-folded.json",
-          "h200-2026-12-03/zero2-and-7b-1024.json", "h100-2026-12-05/micro-batches-0.5b.json"]
+          "h200-2026-12-03/zero2-and-7b-1024.json", "h100-2026-12-05/micro-batches-0.5b.json",
+          "h100-2026-12-05/lora-3b-512-fused.json", "h100-2026-12-05/lora-3b-1024.json",
+          "h100-2026-12-05/lora-7b-1024-pair.json"]
 HELD_OUT = ["h200-2026-12-04/*.json"]
+
+
+def test_fused_lora_keeps_the_lora_layers_inputs_in_bf16():
+    """At the 3B shape, 512 tokens, micro-batches of 16, LoRA dropout 0.05 (an H100,
+    `h100-2026-12-05/lora-3b-512-fused.json`): PEFT's float32 copies of the LoRA layers' inputs made the
+    forward/backward the step's peak, 10.34 GiB against the rollout's 9.79; with `fused_lora` the rollout's was."""
+    shape = ModelShape.of(QWEN_3B)
+    run = RunShape(micro_batch=16, rollout_rows=128, prompt_tokens=147, completion_tokens=512, lora_rank=16)
+    peft, fused = estimate(shape, run), estimate(shape, replace(run, fused_lora=True))
+    assert peft.peak_moment == "forward/backward" and fused.peak_moment == "sampling"
+    assert peft.peak / GIB == pytest.approx(10.34, rel=0.05) and fused.peak / GIB == pytest.approx(9.79, rel=0.05)
+    # one recomputed layer's LoRA inputs, q, k, v, o, gate, up (2048 each) and down (11008): PEFT's float32 copy,
+    # dropout's float32 output and mask against the bf16 dropped input and its mask
+    inputs = 6 * 2048 + 11008
+    tokens = 16 * (147 + 512)
+    assert sum(peft.training.values()) - sum(fused.training.values()) == tokens * inputs * (9 - 3)
+    # without dropout the fused layers keep their bf16 input once for the projections that share it (q/k/v, gate/up)
+    plain = replace(run, lora_dropout=False)
+    saved = sum(estimate(shape, plain).training.values()) - sum(
+        estimate(shape, replace(plain, fused_lora=True)).training.values()
+    )
+    assert saved == tokens * (4 * inputs - 2 * (3 * 2048 + 11008))
 
 
 def test_each_micro_batch_takes_at_least_the_launch_of_its_layers():

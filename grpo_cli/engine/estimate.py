@@ -5,7 +5,8 @@ The peak is the larger of two moments of a step. While sampling: what persists b
 state), the rollout's KV cache and logits buffers, the stacked q/k/v copy and, under ZeRO-3, the gathered weights.
 In the forward/backward: what persists, the gradients, the checkpointed layer inputs (none on the GPU with
 activation offloading), and the larger of the LM head's logits for a micro-batch (and their gradient) and one layer's
-recomputed activations (LoRA layers keep float32 copies of their inputs and a dropout mask besides). The constants
+recomputed activations (PEFT's LoRA layers keep float32 copies of their inputs and a dropout mask besides;
+`fused_lora` keeps them in bf16). The constants
 below were fitted to peaks torch measured (`torch.cuda.max_memory_allocated`) on an H200 with `benchmarks/grpo_bench.py`
 (docs/performance.md has the table); step times scale the same way with the card's memory bandwidth and bf16 speed.
 """
@@ -38,9 +39,14 @@ TRAIN_TOKEN_LAYER_S = 0.23e-6  # the elementwise kernels' time per token and lay
 # The host's time to launch one layer's kernels for one micro-batch (its forward, recomputation and backward): a
 # micro-batch takes at least this long a layer however few its tokens, where the GPU waits on the launches.
 TRAIN_LAUNCH_LAYER_S = 7.8e-3
+# What LoRA adds to that per layer and micro-batch, for its projections on every linear layer (PEFT's modules launch
+# their kernels from Python one by one); in proportion for fewer.
+TRAIN_LORA_LAYER_S = 6e-3
 ZERO3_TRAIN_FACTOR = 2.2
 
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Projections that read the same input tensor.
+SHARED_INPUT = {"q_proj": "attention", "k_proj": "attention", "v_proj": "attention", "gate_proj": "mlp", "up_proj": "mlp"}
 
 
 @dataclass(frozen=True)
@@ -141,6 +147,7 @@ class RunShape:
     lora_rank: int = 0  # 0: full fine-tuning
     lora_modules: tuple[str, ...] = LINEAR_NAMES
     lora_dropout: bool = True
+    fused_lora: bool = False  # `fused_lora`: the LoRA layers keep bf16 inputs, not PEFT's float32 copies
     gradient_checkpointing: bool = True
     activation_offloading: bool = False
     zero_stage: int = 0  # DeepSpeed ZeRO stage; 0 without DeepSpeed
@@ -227,8 +234,15 @@ def estimate(shape: ModelShape, run: RunShape, card: Card | None = None) -> Esti
     layer = micro_tokens * (LAYER_HIDDEN_BYTES * shape.hidden + LAYER_INTERMEDIATE_BYTES * shape.intermediate)
     if adapter:
         sizes = shape.projection_sizes()
-        inputs = sum(sizes[name][0] for name in run.lora_modules if name in sizes)
-        layer += micro_tokens * inputs * (LORA_INPUT_BYTES if run.lora_dropout else 4)
+        targeted = [name for name in run.lora_modules if name in sizes]
+        inputs = sum(sizes[name][0] for name in targeted)
+        if not run.fused_lora:
+            layer += micro_tokens * inputs * (LORA_INPUT_BYTES if run.lora_dropout else 4)
+        elif run.lora_dropout:  # each projection's dropped bf16 input and its one-byte mask
+            layer += micro_tokens * inputs * (wb + 1)
+        else:  # the bf16 input itself, once for the projections that share it (q/k/v, gate/up)
+            shared = {SHARED_INPUT.get(name, name): sizes[name][0] for name in targeted}
+            layer += micro_tokens * sum(shared.values()) * wb
     logits = run.micro_batch * run.completion_tokens * shape.vocab * LOGIT_BYTES
     training["activations"] = max(layer * per_layer, logits + (layer * (per_layer - 1)))
     result = Estimate(sampling, training)
@@ -255,5 +269,8 @@ def _seconds(shape: ModelShape, run: RunShape, card: Card, params: int, adapter:
     train += run.rollout_rows * tokens * shape.layers * TRAIN_TOKEN_LAYER_S
     micro_batches = -(-run.rollout_rows // max(1, run.micro_batch))
     train = micro_batches * max(train / micro_batches, shape.layers * TRAIN_LAUNCH_LAYER_S)
+    if adapter:  # each LoRA projection's own kernels, launched one by one from Python in every micro-batch
+        targeted = len([name for name in run.lora_modules if name in LINEAR_NAMES])
+        train += micro_batches * shape.layers * TRAIN_LORA_LAYER_S * targeted / len(LINEAR_NAMES)
     train *= ZERO3_TRAIN_FACTOR if run.zero_stage == 3 else 1
     return generation, train

@@ -151,6 +151,8 @@ def run_shape(recipe: Recipe, processes: int, accelerate_config: dict | None, sh
         lora_rank=(v.get("lora_r") or 16) if v.get("use_peft") else 0,
         lora_modules=tuple(modules),
         lora_dropout=bool(v.get("lora_dropout")),
+        # (ZeRO-3's and quantized layers run PEFT's own forward: grpo_cli.engine.lora.fusable_adapter)
+        fused_lora=bool(v.get("fused_lora")) and stage != 3 and not (v.get("load_in_4bit") or v.get("load_in_8bit")),
         gradient_checkpointing=bool(v.get("gradient_checkpointing")),
         activation_offloading=bool(v.get("activation_offloading")),
         zero_stage=stage,
