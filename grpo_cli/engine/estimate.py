@@ -6,9 +6,9 @@ state), the rollout's KV cache and logits buffers, the stacked q/k/v copy and, u
 In the forward/backward: what persists, the gradients, the checkpointed layer inputs (none on the GPU with
 activation offloading), and the larger of the LM head's logits for a micro-batch (and their gradient) and one layer's
 recomputed activations (PEFT's LoRA layers keep float32 copies of their inputs and a dropout mask besides;
-`fused_lora` keeps them in bf16). The constants
-below were fitted to peaks torch measured (`torch.cuda.max_memory_allocated`) on an H200 with `benchmarks/grpo_bench.py`
-(docs/performance.md has the table); step times scale the same way with the card's memory bandwidth and bf16 speed.
+`fused_lora` keeps them in bf16). The constants below were fitted to peaks torch measured
+(`torch.cuda.max_memory_allocated`) on an H200 and an H100 with `benchmarks/grpo_bench.py` (docs/performance.md has
+the table); step times scale the same way with the card's memory bandwidth and bf16 speed.
 """
 
 from __future__ import annotations
