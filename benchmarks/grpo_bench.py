@@ -137,6 +137,9 @@ CONFIGS = {
     # the LoRA layers' forward/backward fused in the weights' dtype (`fused_lora`), at the recipe's and TRL's micro-batch
     "grpo-lora16-fused": ("grpo", {"micro_batch": "recipe", "lora": LORA16, "fused_lora": True}),
     "grpo-lora16-fused-mb8": ("grpo", {"micro_batch": 8, "lora": LORA16, "fused_lora": True}),
+    # PEFT's own forward, whatever the GPU default of `fused_lora`
+    "grpo-lora16-peft": ("grpo", {"micro_batch": "recipe", "lora": LORA16, "fused_lora": False}),
+    "grpo-lora16-peft-mb8": ("grpo", {"micro_batch": 8, "lora": LORA16, "fused_lora": False}),
     # completions whose advantage is zero left out of the forward/backward (grpo's default, off in the configurations
     # above: random weights score every completion alike); with rewards that leave some groups flat, such as
     # --rewards benchmarks/half_flat.py:half_flat
