@@ -1009,7 +1009,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         plan = TINY_PLAN if args.tiny else GPU_PLAN
     unsloth = sorted({config for _, _, config, _, _ in plan if CONFIGS[config][0] == "unsloth"})
-    if unsloth and not args.unsloth_site and importlib.util.find_spec("unsloth") is None:
+    if unsloth and not _importable("unsloth", args.unsloth_site):
         parser.error(f"{', '.join(unsloth)}: Unsloth is not installed here - --unsloth-site DIR names a folder with it and the TRL it supports")
     if unsloth and args.device == "cuda" and not _importable("bitsandbytes", args.unsloth_site):
         # its loader patches the model for bitsandbytes on a GPU even for 16-bit LoRA (`patch_model_and_tokenizer`)

@@ -428,13 +428,16 @@ STEP_WORK = {
 }
 
 
+def _mean(work, logs: list[dict]) -> float | None:
+    """The mean of `work` over the logs that have it, or None."""
+    values = [v for v in map(work, logs) if v is not None]
+    return statistics.fmean(values) if values else None
+
+
 def _growth(work, before: list[dict], after: list[dict]) -> float:
     """How many times the mean of `work` over the logs `after` is its mean over `before` (1.0 where unknown)."""
-    a = [v for v in map(work, before) if v is not None]
-    b = [v for v in map(work, after) if v is not None]
-    if not a or not b or statistics.fmean(a) <= 0:
-        return 1.0
-    return statistics.fmean(b) / statistics.fmean(a)
+    a, b = _mean(work, before), _mean(work, after)
+    return b / a if a and b is not None and a > 0 else 1.0
 
 
 def steps_slowing(logs: list[dict], values: dict) -> Finding | None:
@@ -477,11 +480,8 @@ def steps_slowing(logs: list[dict], values: dict) -> Finding | None:
                 f"reward_timeout{near}, another job on the machine, or memory swapping"
             )
         else:
-            lengths = [finite_number(entry, "completions/mean_length") for entry in before]
-            now = [finite_number(entry, "completions/mean_length") for entry in after]
-            mean, mean_now = statistics.fmean(v for v in lengths if v is not None), statistics.fmean(
-                v for v in now if v is not None
-            )
+            tokens = STEP_WORK["completion tokens"]
+            mean, mean_now = _mean(tokens, before), _mean(tokens, after)
             limit = _value(values, "max_completion_length")
             cap = f"--max_completion_length {int(mean_now)}" if limit else "--max_completion_length"
             message = (
