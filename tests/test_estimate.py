@@ -239,6 +239,26 @@ def test_check_predicts_for_a_local_model_and_names_what_fits(tmp_path):
     assert "fits:" in roomy.stdout and "does not fit" not in roomy.stdout
 
 
+def test_the_check_predicts_a_lora_run_with_the_gpu_default_of_fused_lora(tmp_path):
+    """Checked on a machine without a GPU, a LoRA recipe is predicted as a GPU runs it: through `fused_lora`, unless
+    the recipe turns it off or DeepSpeed runs it (its layers then run PEFT's forward)."""
+    from grpo_cli.recipe.hardware import Hardware
+    from grpo_cli.recipe.load import load_recipe
+    from grpo_cli.recipe.memory import run_shape
+
+    local_model_recipe(tmp_path, QWEN_3B, "use_peft: true\noutput_dir: out\n")
+    shape = ModelShape.of(QWEN_3B)
+
+    def run(*overrides, accelerate=None):
+        recipe = load_recipe(str(tmp_path / "r.yaml"), list(overrides), "rl", Hardware(gpu=False))
+        return run_shape(recipe, 1, accelerate, shape)
+
+    assert run().fused_lora and not run("--fused_lora", "false").fused_lora
+    zero2 = {"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 2}}
+    assert not run(accelerate=zero2).fused_lora
+    assert estimate(shape, run()).peak < estimate(shape, run("--fused_lora", "false")).peak
+
+
 def _offered(done: subprocess.CompletedProcess) -> tuple[str, float, float] | None:
     """The larger micro-batch `grpo check` names, its predicted step and the recipe's, or None."""
     assert done.returncode == 0, done.stderr

@@ -339,6 +339,22 @@ def test_gpu_defaults_turn_liger_on_for_grpo_only_where_it_is_installed_and_unse
     assert any("liger-kernel is not installed" in note for note in missing.warnings)  # shown with the plan
 
 
+def test_gpu_defaults_compute_lora_layers_through_fused_lora_where_their_weights_are_whole(tmp_path, tiny_model_dir):
+    gpu = Hardware(gpu=True)
+
+    def recipe(*overrides, hardware=gpu):
+        model = ["--model_name_or_path", str(tiny_model_dir), "--output_dir", str(tmp_path)]
+        return load_recipe(None, [*model, *overrides], "rl", hardware)
+
+    lora = recipe("--use_peft", "true")
+    assert lora.kernels.fused_lora and lora.where("fused_lora") == "hardware default (GPU, LoRA)"
+    assert not recipe().kernels.fused_lora  # full fine-tuning: no LoRA layers (and no refusal of the default)
+    assert not recipe("--use_peft", "true", "--fused_lora", "false").kernels.fused_lora
+    assert not recipe("--use_peft", "true", hardware=Hardware(gpu=False)).kernels.fused_lora
+    assert not recipe("--use_peft", "true", hardware=Hardware(gpu=True, sharded=True)).kernels.fused_lora
+    assert not recipe("--use_peft", "true", "--deepspeed", "zero3.json").kernels.fused_lora
+
+
 def test_gpu_defaults_offload_layer_inputs_where_the_forward_backward_sets_the_peak(tmp_path, tiny_model_dir):
     """The tiny model: hidden 64, 2 key/value heads of 16. Micro-batches of 8 out of a generation batch of 8 move
     layer inputs as large as the rollout's KV cache (share 1.0); of 2 out of 16, an eighth of it."""

@@ -97,6 +97,14 @@ def wants_master_weights(values: dict, hardware: Hardware) -> bool:
     return not (values.get("use_peft") or sharded) and values.get("dtype") in ("bfloat16", "auto")
 
 
+def fuses_lora(values: dict, hardware: Hardware) -> bool:
+    """Whether a LoRA run computes its adapters through `fused_lora` by default: on a GPU, without DeepSpeed, FSDP or
+    k-bit weights (ZeRO-3's and quantized layers run PEFT's own forward; under ZeRO-1/2 and FSDP it is not measured)."""
+    sharded = hardware.sharded or values.get("deepspeed") or values.get("fsdp")
+    kbit = values.get("load_in_4bit") or values.get("load_in_8bit")
+    return bool(hardware.gpu and values.get("use_peft") and not (values.get("use_cpu") or sharded or kbit))
+
+
 def loads_onto_gpu(values: dict, hardware: Hardware) -> bool:
     """Whether a training run loads its weights straight onto its process's GPU, in the one allocation transformers'
     loader makes for them: the trainer's move of weights loaded on the CPU puts each in a block of its own rounded
@@ -191,7 +199,8 @@ def hardware_defaults(
     - Which engine samples `grpo rl`'s rollouts (`rollout_engine`: grpo's on a GPU, TRL's on the CPU).
     - Float32 master weights for full fine-tuning of bfloat16 weights without DeepSpeed (`wants_master_weights`).
     - A GPU: for `grpo rl`, liger-kernel's fused RMSNorm, rotary and SwiGLU
-      kernels where installed (GRPO steps measured faster at every micro-batch size tried), and
+      kernels where installed (GRPO steps measured faster at every micro-batch size tried), LoRA layers through
+      `fused_lora` where their weights are whole (`fuses_lora`), and
       `activation_offloading` with `lean_lm_head` where the forward/backward rather than the rollout sets the peak
       (`training_sets_the_peak`). Not under DeepSpeed or FSDP, which manage the memory of sharded weights.
     """
@@ -229,6 +238,8 @@ def hardware_defaults(
         # LoRA does not train the LM head: nothing for the lean backward to save
         for key in ("activation_offloading",) if values.get("use_peft") else ("activation_offloading", "lean_lm_head"):
             default(key, True, why)
+    if fuses_lora(values, hardware):
+        default("fused_lora", True, "GPU, LoRA")
     if "use_liger_kernel" not in values:
         if hardware.liger:
             default("use_liger_kernel", True, "GPU, liger-kernel installed")

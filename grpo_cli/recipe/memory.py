@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from grpo_cli.engine.estimate import CARDS, GIB, LINEAR_NAMES, Card, Estimate, ModelShape, RunShape, estimate
 from grpo_cli.errors import UserError
-from grpo_cli.recipe.hardware import generation_batch
+from grpo_cli.recipe.hardware import Hardware, fuses_lora, generation_batch
 from grpo_cli.recipe.load import Recipe
 
 # The check reads no data: prompts are assumed this long (Countdown's and GSM8K's chat prompts are 100-250 tokens).
@@ -121,8 +121,8 @@ def model_shape(recipe: Recipe) -> ModelShape:
 def run_shape(recipe: Recipe, processes: int, accelerate_config: dict | None, shape: ModelShape) -> RunShape:
     """What one process of the run does on a GPU, from the recipe's resolved keys. Keys the recipe leaves to the
     machine take a GPU's defaults, whatever machine checks it: grpo's sampler (where nothing makes the run fall back
-    to TRL's), and activation offloading where a micro-batch's layer inputs are a large share of the rollout's cache
-    (`grpo_cli.recipe.hardware.training_sets_the_peak`)."""
+    to TRL's), activation offloading where a micro-batch's layer inputs are a large share of the rollout's cache
+    (`grpo_cli.recipe.hardware.training_sets_the_peak`), and `fused_lora` for LoRA (`fuses_lora`)."""
     from grpo_cli.launch import zero_stage
     from grpo_cli.recipe.check import rollout_path
 
@@ -136,6 +136,8 @@ def run_shape(recipe: Recipe, processes: int, accelerate_config: dict | None, sh
         share = v["per_device_train_batch_size"] * shape.hidden / (rows * shape.cache_width())
         offload = v.get("gradient_checkpointing") and stage == 0 and share >= (1.0 if v.get("use_peft") else 0.5)
         v["activation_offloading"] = bool(offload)
+    if "fused_lora" in machine or "fused_lora" not in recipe.values:
+        v["fused_lora"] = fuses_lora(v, Hardware(gpu=True, sharded=bool(stage)))
     modules = v.get("lora_target_modules")
     if modules in (None, []):
         modules = TRL_DEFAULT_LORA_MODULES
