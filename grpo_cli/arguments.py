@@ -176,9 +176,8 @@ class KernelArguments:
         default=False,
         metadata={
             "help": "Compute each LoRA layer's forward and backward in the base weights' dtype in a few fused "
-            "products (grpo_cli/engine/lora.py) instead of PEFT's forward, which casts every activation to the "
-            "adapters' float32 and back: the same layer in fewer kernels and less memory traffic. On by default for "
-            "`grpo rl` with LoRA on a GPU, without DeepSpeed, FSDP or k-bit weights."
+            "products (grpo_cli/engine/lora.py) instead of PEFT's forward, which casts every activation to float32 "
+            "and back. On by default for `grpo rl` with LoRA on a GPU, without DeepSpeed, FSDP or k-bit weights."
         },
     )
 
