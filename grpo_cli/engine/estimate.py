@@ -42,6 +42,11 @@ TRAIN_LAUNCH_LAYER_S = 7.8e-3
 # What LoRA adds to that per layer and micro-batch, for its projections on every linear layer (PEFT's modules launch
 # their kernels from Python one by one); in proportion for fewer.
 TRAIN_LORA_LAYER_S = 6e-3
+# Bytes moved per token and per element of a targeted projection's input, in the forward, its recomputation and the
+# backward, that `fused_lora` saves (PEFT's float32 copies of the inputs and their gradients) and that an adapter
+# without dropout saves (the dropped copy, its mask, their gradient), at the decode steps' share of the bandwidth.
+LORA_FLOAT32_BYTES = 20
+LORA_DROPOUT_BYTES = 40
 ZERO3_TRAIN_FACTOR = 2.2
 
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -272,5 +277,10 @@ def _seconds(shape: ModelShape, run: RunShape, card: Card, params: int, adapter:
     if adapter:  # each LoRA projection's own kernels, launched one by one from Python in every micro-batch
         targeted = len([name for name in run.lora_modules if name in LINEAR_NAMES])
         train += micro_batches * shape.layers * TRAIN_LORA_LAYER_S * targeted / len(LINEAR_NAMES)
+        saved = (LORA_FLOAT32_BYTES if run.fused_lora else 0) + (0 if run.lora_dropout else LORA_DROPOUT_BYTES)
+        sizes = shape.projection_sizes()
+        inputs = sum(sizes[name][0] for name in run.lora_modules if name in sizes)
+        elements = run.rollout_rows * tokens * shape.layers * inputs
+        train -= elements * saved / (card.bandwidth_gb_s * 1e9 * DECODE_BANDWIDTH_SHARE)
     train *= ZERO3_TRAIN_FACTOR if run.zero_stage == 3 else 1
     return generation, train
