@@ -238,15 +238,14 @@ def estimate(shape: ModelShape, run: RunShape, card: Card | None = None) -> Esti
         per_layer = shape.layers
     layer = micro_tokens * (LAYER_HIDDEN_BYTES * shape.hidden + LAYER_INTERMEDIATE_BYTES * shape.intermediate)
     if adapter:
-        sizes = shape.projection_sizes()
-        targeted = [name for name in run.lora_modules if name in sizes]
-        inputs = sum(sizes[name][0] for name in targeted)
+        targeted = _lora_inputs(shape, run)
+        inputs = sum(targeted.values())
         if not run.fused_lora:
             layer += micro_tokens * inputs * (LORA_INPUT_BYTES if run.lora_dropout else 4)
         elif run.lora_dropout:  # each projection's dropped bf16 input and its one-byte mask
             layer += micro_tokens * inputs * (wb + 1)
         else:  # the bf16 input itself, once for the projections that share it (q/k/v, gate/up)
-            shared = {SHARED_INPUT.get(name, name): sizes[name][0] for name in targeted}
+            shared = {SHARED_INPUT.get(name, name): size for name, size in targeted.items()}
             layer += micro_tokens * sum(shared.values()) * wb
     logits = run.micro_batch * run.completion_tokens * shape.vocab * LOGIT_BYTES
     training["activations"] = max(layer * per_layer, logits + (layer * (per_layer - 1)))
@@ -254,6 +253,12 @@ def estimate(shape: ModelShape, run: RunShape, card: Card | None = None) -> Esti
     if card is not None:
         result.generation_s, result.train_s = _seconds(shape, run, card, params, adapter)
     return result
+
+
+def _lora_inputs(shape: ModelShape, run: RunShape) -> dict[str, int]:
+    """The input size of each projection LoRA targets in a layer."""
+    sizes = shape.projection_sizes()
+    return {name: sizes[name][0] for name in run.lora_modules if name in sizes}
 
 
 def _seconds(shape: ModelShape, run: RunShape, card: Card, params: int, adapter: int) -> tuple[float, float]:
@@ -275,12 +280,10 @@ def _seconds(shape: ModelShape, run: RunShape, card: Card, params: int, adapter:
     micro_batches = -(-run.rollout_rows // max(1, run.micro_batch))
     train = micro_batches * max(train / micro_batches, shape.layers * TRAIN_LAUNCH_LAYER_S)
     if adapter:  # each LoRA projection's own kernels, launched one by one from Python in every micro-batch
-        targeted = len([name for name in run.lora_modules if name in LINEAR_NAMES])
-        train += micro_batches * shape.layers * TRAIN_LORA_LAYER_S * targeted / len(LINEAR_NAMES)
+        targeted = _lora_inputs(shape, run)
+        train += micro_batches * shape.layers * TRAIN_LORA_LAYER_S * len(targeted) / len(LINEAR_NAMES)
         saved = (LORA_FLOAT32_BYTES if run.fused_lora else 0) + (0 if run.lora_dropout else LORA_DROPOUT_BYTES)
-        sizes = shape.projection_sizes()
-        inputs = sum(sizes[name][0] for name in run.lora_modules if name in sizes)
-        elements = run.rollout_rows * tokens * shape.layers * inputs
+        elements = run.rollout_rows * tokens * shape.layers * sum(targeted.values())
         train -= elements * saved / (card.bandwidth_gb_s * 1e9 * DECODE_BANDWIDTH_SHARE)
     train *= ZERO3_TRAIN_FACTOR if run.zero_stage == 3 else 1
     return generation, train
