@@ -93,16 +93,24 @@ def wants_master_weights(values: dict, hardware: Hardware) -> bool:
     """Whether the optimizer would update bfloat16 weights in place (grpo_cli/train/master_weights.py): full
     fine-tuning of a model loaded in bfloat16 (or `auto`: the checkpoint's own dtype, most often bfloat16), without
     DeepSpeed (its optimizer keeps float32 copies) or FSDP."""
-    sharded = hardware.sharded or values.get("deepspeed") or values.get("fsdp")
-    return not (values.get("use_peft") or sharded) and values.get("dtype") in ("bfloat16", "auto")
+    return not (values.get("use_peft") or shards_weights(values, hardware)) and values.get("dtype") in ("bfloat16", "auto")
+
+
+def shards_weights(values: dict, hardware: Hardware) -> bool:
+    """Whether DeepSpeed or FSDP hold the run's weights: under the launcher's config or the recipe's own key."""
+    return bool(hardware.sharded or values.get("deepspeed") or values.get("fsdp"))
+
+
+def quantized(values: dict) -> bool:
+    """Whether the run loads k-bit (bitsandbytes) weights."""
+    return bool(values.get("load_in_4bit") or values.get("load_in_8bit"))
 
 
 def fuses_lora(values: dict, hardware: Hardware) -> bool:
-    """Whether a LoRA run computes its adapters through `fused_lora` by default: on a GPU, without DeepSpeed, FSDP or
-    k-bit weights (ZeRO-3's and quantized layers run PEFT's own forward; under ZeRO-1/2 and FSDP it is not measured)."""
-    sharded = hardware.sharded or values.get("deepspeed") or values.get("fsdp")
-    kbit = values.get("load_in_4bit") or values.get("load_in_8bit")
-    return bool(hardware.gpu and values.get("use_peft") and not (values.get("use_cpu") or sharded or kbit))
+    """Whether a LoRA run computes its adapters through `fused_lora` by default: where its weights are whole on its
+    GPU (`loads_onto_gpu`; ZeRO-3's and quantized layers run PEFT's own forward; under ZeRO-1/2 and FSDP it is not
+    measured)."""
+    return bool(values.get("use_peft")) and loads_onto_gpu(values, hardware)
 
 
 def loads_onto_gpu(values: dict, hardware: Hardware) -> bool:
@@ -110,9 +118,7 @@ def loads_onto_gpu(values: dict, hardware: Hardware) -> bool:
     loader makes for them: the trainer's move of weights loaded on the CPU puts each in a block of its own rounded
     size, held as long as the run lasts (docs/performance.md, "Under DeepSpeed, with LoRA, at 3B and 7B"). Not where
     DeepSpeed or FSDP place the weights, nor for k-bit weights (loaded onto the GPU anyway, `models.model_kwargs`)."""
-    sharded = hardware.sharded or values.get("deepspeed") or values.get("fsdp")
-    kbit = values.get("load_in_4bit") or values.get("load_in_8bit")
-    return hardware.gpu and not (values.get("use_cpu") or sharded or kbit)
+    return hardware.gpu and not (values.get("use_cpu") or shards_weights(values, hardware) or quantized(values))
 
 
 def rollout_fallback(values: dict, sharding: str | None) -> str | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from grpo_cli.engine.estimate import CARDS, GIB, LINEAR_NAMES, Card, Estimate, ModelShape, RunShape, estimate
 from grpo_cli.errors import UserError
-from grpo_cli.recipe.hardware import Hardware, fuses_lora, generation_batch
+from grpo_cli.recipe.hardware import Hardware, fuses_lora, generation_batch, quantized
 from grpo_cli.recipe.load import Recipe
 
 # The check reads no data: prompts are assumed this long (Countdown's and GSM8K's chat prompts are 100-250 tokens).
@@ -154,7 +154,7 @@ def run_shape(recipe: Recipe, processes: int, accelerate_config: dict | None, sh
         lora_modules=tuple(modules),
         lora_dropout=bool(v.get("lora_dropout")),
         # (ZeRO-3's and quantized layers run PEFT's own forward: grpo_cli.engine.lora.fusable_adapter)
-        fused_lora=bool(v.get("fused_lora")) and stage != 3 and not (v.get("load_in_4bit") or v.get("load_in_8bit")),
+        fused_lora=bool(v.get("fused_lora")) and stage != 3 and not quantized(v),
         gradient_checkpointing=bool(v.get("gradient_checkpointing")),
         activation_offloading=bool(v.get("activation_offloading")),
         zero_stage=stage,
