@@ -140,6 +140,8 @@ CONFIGS = {
     # PEFT's own forward, whatever the GPU default of `fused_lora`
     "grpo-lora16-peft": ("grpo", {"micro_batch": "recipe", "lora": LORA16, "fused_lora": False}),
     "grpo-lora16-peft-mb8": ("grpo", {"micro_batch": 8, "lora": LORA16, "fused_lora": False}),
+    # the adapter the recipes train unless they say otherwise: TRL ModelConfig's dropout of 0.05, what it costs
+    "grpo-lora16-dropout": ("grpo", {"micro_batch": "recipe", "lora": {**LORA16, "dropout": 0.05}}),
     # completions whose advantage is zero left out of the forward/backward (grpo's default, off in the configurations
     # above: random weights score every completion alike); with rewards that leave some groups flat, such as
     # --rewards benchmarks/half_flat.py:half_flat
