@@ -43,7 +43,8 @@ def run_shape(entry: dict) -> RunShape:
     lora = entry.get("lora") or {}
     calls = (entry.get("steps") or [{}])[-1].get("calls") or [{"batch": PROMPTS * GENERATIONS, "prompt_len": 147}]
     sharded = entry.get("accelerate") is not None
-    offload = overrides.get("activation_offloading")
+    resolved = entry.get("resolved") or {}  # the machine defaults the run resolved (newer results record them)
+    offload = resolved.get("activation_offloading", overrides.get("activation_offloading"))
     if offload is None:  # the GPU default (grpo_cli.recipe.hardware.training_sets_the_peak)
         share = layer_input_share(_config(entry["shape"]), entry["micro_batch"], calls[0]["batch"])
         offload = not sharded and share >= (1.0 if lora else 0.5)
@@ -57,7 +58,7 @@ def run_shape(entry: dict) -> RunShape:
         lora_modules=LINEAR_NAMES if targets in (None, "all-linear") else tuple(targets),
         # grpo_bench.py's grpo side took TRL's ModelConfig default (0.05) before its adapters named their dropout
         lora_dropout=bool(lora.get("dropout", 0.05)),
-        fused_lora=bool(overrides.get("fused_lora")),
+        fused_lora=bool(resolved.get("fused_lora", overrides.get("fused_lora"))),
         gradient_checkpointing=overrides.get("gradient_checkpointing", True),
         activation_offloading=bool(offload),
         zero_stage={"zero2": 2, "zero3": 3}.get(entry.get("accelerate"), 0),

@@ -519,13 +519,16 @@ def run_unsloth(spec: dict, output_dir: Path) -> None:
     trainer.train()
 
 
-def run_grpo(spec: dict, output_dir: Path) -> None:
-    """`grpo rl` on a recipe holding only what the benchmark fixes; everything else is the project's default."""
+# the machine defaults of `grpo rl` that change a step's time or peak, recorded as each run resolved them
+RESOLVED_KEYS = ("fused_lora", "activation_offloading", "lean_lm_head", "use_liger_kernel", "master_weights")
+
+
+def grpo_recipe(spec: dict, output_dir: Path):
+    """The recipe `grpo rl` runs: only what the benchmark fixes; everything else is the project's default."""
     import torch
     import yaml
 
     from grpo_cli.recipe import load_recipe
-    from grpo_cli.train.rl import run_rl
 
     cuda = torch.cuda.is_available()
     recipe = {
@@ -556,7 +559,7 @@ def run_grpo(spec: dict, output_dir: Path) -> None:
         recipe["gradient_checkpointing_kwargs"] = {"use_reentrant": True}
     path = output_dir.parent / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    run_rl(load_recipe(str(path), [], "rl"), resume=False, overwrite=True)
+    return load_recipe(str(path), [], "rl")
 
 
 def worker(spec_path: Path) -> None:
@@ -578,7 +581,16 @@ def worker(spec_path: Path) -> None:
         record["rollout"] = "unsloth generate"  # its patched model.generate, no vLLM
     _install_timers(record, out, spec["steps"], spec.get("profile", ""), spec.get("memory", ""))
     work = Path(tempfile.mkdtemp(prefix="grpo-bench-"))
-    {"trl": run_trl, "grpo": run_grpo, "unsloth": run_unsloth}[spec["side"]](spec, work / "run")
+    if spec["side"] == "grpo":
+        from grpo_cli.train.rl import run_rl
+
+        recipe = grpo_recipe(spec, work / "run")
+        settled = recipe.resolved()
+        record["resolved"] = {key: settled.get(key) for key in RESOLVED_KEYS}
+        _write_json(out, record)
+        run_rl(recipe, resume=False, overwrite=True)
+    else:
+        {"trl": run_trl, "unsloth": run_unsloth}[spec["side"]](spec, work / "run")
     record["status"] = "done"
     _write_json(out, record)
 

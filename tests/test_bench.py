@@ -45,6 +45,11 @@ def test_benchmark_runs_baseline_and_grpo_side_by_side_on_cpu(tmp_path, demo_tok
     assert grpo["rollout"] == ("grpo static cache" if torch.cuda.is_available() else "trl generate")
     assert grpo["speedup"] == pytest.approx(trl["summary"]["step_s"] / grpo["summary"]["step_s"])
     assert report["memory_limit_gib"] == 40  # a smaller card, on a GPU only
+    # grpo's side records the machine defaults it ran with, TRL's has none
+    assert set(grpo["resolved"]) == set(grpo_bench.RESOLVED_KEYS) and "resolved" not in trl
+    assert grpo["resolved"]["fused_lora"] is False  # full fine-tuning
+    if not torch.cuda.is_available():  # none of the GPU levers on the CPU
+        assert not any(grpo["resolved"].values()), grpo["resolved"]
     if torch.cuda.is_available():  # where each step's peak lies
         assert all(f"peak_{phase}_gib" in grpo["summary"] for phase in ("generate", "train", "other"))
 
