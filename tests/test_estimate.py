@@ -89,7 +89,7 @@ FITTED = ["h200-2026-12-01/*.json", "h200-2026-12-02/*.json", "h200-2026-12-03/l
           "h100-2026-12-05/lora-3b-512-fused.json", "h100-2026-12-05/lora-3b-1024.json",
           "h100-2026-12-05/lora-7b-1024-pair.json", "h200-2026-12-05/lora-7b-512-equal.json",
           "h200-2026-12-05/lora-3b-512-fused-alone.json"]
-HELD_OUT = ["h200-2026-12-04/*.json"]
+HELD_OUT = ["h200-2026-12-04/*.json", "h100-2026-12-06/*.json"]
 
 
 def test_fused_lora_keeps_the_lora_layers_inputs_in_bf16():
