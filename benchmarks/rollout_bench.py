@@ -22,7 +22,8 @@ Variants (each in its own process, so one cannot leave state for the next):
   logsoftmax-sampling  the probabilities as exp(log_softmax(float32 logits)): a float32 copy of the logits and
                   two more passes over them
 
-A random-weight model of a Qwen2.5 shape in bf16 with liger-kernel's layers (as `grpo rl` trains it on a GPU), 128
+A random-weight model of a Qwen2.5 shape in bf16 with liger-kernel's layers (as `grpo rl` trains it on a GPU; `--lora R`:
+with a LoRA adapter on every linear layer, folded into the decode steps), 128
 rows of 120-147 prompt tokens (left padding): 16 distinct prompts, each 8 times, as a GRPO step samples them
 (`--generations 1`: 128 distinct prompts, as this benchmark had until the prefill was shared), a fixed number of new
 tokens. Warm-up rollouts first, then the median
@@ -71,6 +72,18 @@ def random_model(shape: str):
     return model.eval()
 
 
+def with_lora(model, rank: int):
+    """`model` with a PEFT LoRA adapter of `rank` (alpha 2 x rank, no dropout) on every linear layer, as
+    `grpo_bench.py`'s `LORA16` trains it, unwrapped as the sampler gets it in training: its LoRA layers in place, folded
+    into the decode steps (`grpo_cli.engine.rollout._FoldedLoRA`)."""
+    from peft import LoraConfig, get_peft_model
+
+    from grpo_cli.engine.rollout import without_peft_wrapper
+
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear")
+    return without_peft_wrapper(get_peft_model(model, config)).eval()
+
+
 def attention_backend(variant: str):
     """A context choosing the decode attention's kernel (entered around the whole rollout: graphs are captured
     inside it)."""
@@ -116,6 +129,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=128)
     parser.add_argument("--generations", type=int, default=8, help="rows per distinct prompt (GRPO's generations)")
     parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--lora", type=int, default=0, help="rank of a LoRA adapter on every linear layer (0: none)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--timed", type=int, default=3)
     parser.add_argument("--profile", help="write torch.profiler's kernel table of one more rollout to this file")
@@ -149,6 +163,8 @@ def main() -> None:
         torch._dynamo.config.cache_size_limit = 64  # one graph per cache stretch and per rollout's new buffers
         rollout._Decoder.step = torch.compile(rollout._Decoder.step, dynamic=False)
     model = random_model(args.shape)
+    if args.lora:
+        model = with_lora(model, args.lora)
     generator = torch.Generator().manual_seed(1)
     lengths = torch.randint(120, 148, (args.rows // args.generations,), generator=generator).tolist()
     distinct = [torch.randint(0, 150000, (n,), generator=generator).tolist() for n in lengths]
@@ -172,6 +188,7 @@ def main() -> None:
         "torch": torch.__version__,
         "shape": args.shape,
         "variant": args.variant,
+        "lora_rank": args.lora,
         "rows": args.rows,
         "generations": args.generations,
         "prompt_tokens": [min(lengths), max(lengths)],
@@ -188,7 +205,7 @@ def main() -> None:
         ),
     }
     print(
-        f"{args.shape} {args.variant}: {median:.3f} s a rollout, {result['ms_per_decode_step']:.2f} ms per decode "
+        f"{args.shape}{f' LoRA r{args.lora}' if args.lora else ''} {args.variant}: {median:.3f} s a rollout, {result['ms_per_decode_step']:.2f} ms per decode "
         f"step (timed {', '.join(f'{t:.3f}' for t in timed)}; warm-up {', '.join(f'{t:.3f}' for t in warmups)})"
     )
     if args.profile:

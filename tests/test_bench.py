@@ -360,3 +360,23 @@ def test_lora_layers_times_pefts_forward_and_the_fused_one(tmp_path):
     assert entry["shape"] == "qwen2.5-0.5b" and entry["tokens"] == 32
     assert entry["peft_s"] > 0 and entry["fused_s"] > 0 and entry["speedup"] > 0
     assert set(entry["peak_gib"]) == {"peft", "fused"}
+
+
+def test_rollout_bench_lora_puts_a_foldable_adapter_on_every_projection():
+    """`rollout_bench.py --lora R` times the decode steps with every projection's adapter folded in, as training samples
+    them: each linear layer of each decoder layer carries one adapter the decode steps fold, without dropout."""
+    import torch
+
+    from benchmarks.grpo_bench import random_qwen2
+    from benchmarks.rollout_bench import with_lora
+    from grpo_cli.engine.estimate import LINEAR_NAMES
+    from grpo_cli.engine.rollout import foldable_adapters
+
+    model = with_lora(random_qwen2("tiny", "cpu", torch.float32), 4)
+    assert not hasattr(model, "get_base_model") and not model.training  # what the sampler gets
+    for layer in model.model.layers:
+        projections = {**dict(layer.self_attn.named_children()), **dict(layer.mlp.named_children())}
+        for name in LINEAR_NAMES:
+            assert foldable_adapters(projections[name]) == ["default"], name
+            assert projections[name].r["default"] == 4
+            assert isinstance(projections[name].lora_dropout["default"], torch.nn.Identity)  # no dropout
