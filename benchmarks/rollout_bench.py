@@ -204,8 +204,9 @@ def main() -> None:
             model.device, model.dtype, model.config.hidden_size // model.config.num_attention_heads
         ),
     }
+    adapter = f" LoRA r{args.lora}" if args.lora else ""
     print(
-        f"{args.shape}{f' LoRA r{args.lora}' if args.lora else ''} {args.variant}: {median:.3f} s a rollout, {result['ms_per_decode_step']:.2f} ms per decode "
+        f"{args.shape}{adapter} {args.variant}: {median:.3f} s a rollout, {result['ms_per_decode_step']:.2f} ms per decode "
         f"step (timed {', '.join(f'{t:.3f}' for t in timed)}; warm-up {', '.join(f'{t:.3f}' for t in warmups)})"
     )
     if args.profile:
