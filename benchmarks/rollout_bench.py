@@ -22,12 +22,11 @@ Variants (each in its own process, so one cannot leave state for the next):
   logsoftmax-sampling  the probabilities as exp(log_softmax(float32 logits)): a float32 copy of the logits and
                   two more passes over them
 
-A random-weight model of a Qwen2.5 shape in bf16 with liger-kernel's layers (as `grpo rl` trains it on a GPU; `--lora R`:
-with a LoRA adapter on every linear layer, folded into the decode steps), 128
-rows of 120-147 prompt tokens (left padding): 16 distinct prompts, each 8 times, as a GRPO step samples them
-(`--generations 1`: 128 distinct prompts, as this benchmark had until the prefill was shared), a fixed number of new
-tokens. Warm-up rollouts first, then the median
-of the timed ones; each rollout allocates its cache and captures its graphs, as in training.
+A random-weight model of a Qwen2.5 shape in bf16 with liger-kernel's layers (as `grpo rl` trains it on a GPU;
+`--lora R`: with a LoRA adapter on every linear layer, folded into the decode steps), 128 rows of 120-147 prompt
+tokens (left padding): 16 distinct prompts, each 8 times, as a GRPO step samples them (`--generations 1`: 128
+distinct prompts, as this benchmark had until the prefill was shared), a fixed number of new tokens. Warm-up rollouts
+first, then the median of the timed ones; each rollout allocates its cache and captures its graphs, as in training.
 """
 
 from __future__ import annotations
@@ -206,8 +205,8 @@ def main() -> None:
     }
     adapter = f" LoRA r{args.lora}" if args.lora else ""
     print(
-        f"{args.shape}{adapter} {args.variant}: {median:.3f} s a rollout, {result['ms_per_decode_step']:.2f} ms per decode "
-        f"step (timed {', '.join(f'{t:.3f}' for t in timed)}; warm-up {', '.join(f'{t:.3f}' for t in warmups)})"
+        f"{args.shape}{adapter} {args.variant}: {median:.3f} s a rollout, "
+        f"{result['ms_per_decode_step']:.2f} ms per decode step (timed {', '.join(f'{t:.3f}' for t in timed)}; warm-up {', '.join(f'{t:.3f}' for t in warmups)})"
     )
     if args.profile:
         from torch.profiler import ProfilerActivity, profile

@@ -93,7 +93,8 @@ def wants_master_weights(values: dict, hardware: Hardware) -> bool:
     """Whether the optimizer would update bfloat16 weights in place (grpo_cli/train/master_weights.py): full
     fine-tuning of a model loaded in bfloat16 (or `auto`: the checkpoint's own dtype, most often bfloat16), without
     DeepSpeed (its optimizer keeps float32 copies) or FSDP."""
-    return not (values.get("use_peft") or shards_weights(values, hardware)) and values.get("dtype") in ("bfloat16", "auto")
+    full = not values.get("use_peft")
+    return full and not shards_weights(values, hardware) and values.get("dtype") in ("bfloat16", "auto")
 
 
 def shards_weights(values: dict, hardware: Hardware) -> bool:
