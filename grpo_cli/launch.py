@@ -454,6 +454,21 @@ def _same_number(a: object, b: object) -> bool:
 # --- the launcher process ----------------------------------------------------------------------------------
 
 
+class _KeepSigterm:
+    """The `signal` module as accelerate's one-process launcher sees it, minus its SIGTERM handler: that one (accelerate
+    1.15) terminates the run's whole process tree and kills it 5 s later, so a run still finishing its step or saving
+    would lose its checkpoint. The handler `launcher_main` set stays in force."""
+
+    def __getattr__(self, name: str):
+        return getattr(signal, name)
+
+    @staticmethod
+    def signal(signum, handler):
+        if signum == signal.SIGTERM:
+            return signal.getsignal(signum)
+        return signal.signal(signum, handler)
+
+
 def launcher_main() -> int:
     """`accelerate launch` with `sys.argv[1:]`, ending as its run ends: exit code 128 + N for a run stopped by signal N.
 
@@ -478,7 +493,10 @@ def launcher_main() -> int:
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, pass_on)  # torchrun sets its own handlers when it starts its ranks
+    import accelerate.commands.launch as accelerate_launch
     from accelerate.commands.launch import main
+
+    accelerate_launch.signal = _KeepSigterm()
     from torch.distributed.elastic.multiprocessing import SignalException
 
     try:

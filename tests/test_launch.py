@@ -346,17 +346,17 @@ def test_launched_processes_know_their_rank_and_config(tmp_path):
     assert config["deepspeed_config"]["zero3_save_16bit_model"] is True
 
 
-# Each rank: on the first stop signal, 3 s of "finishing the step and saving", then the exit code of that signal;
-# the same stop passed on again by torchrun is the same request.
+# Each rank: on the first stop signal, 3 s (SLOW_STOP_S) of "finishing the step and saving", then the exit code of
+# that signal; the same stop passed on again by torchrun is the same request.
 SLOW_STOP = """
 import os, signal, sys, time
 from pathlib import Path
-rank = os.environ["RANK"]
+rank = os.environ.get("RANK", "0")
 def stop(signum, frame):
     if Path(f"stopping-{rank}").exists():
         return
     Path(f"stopping-{rank}").touch()
-    time.sleep(3)
+    time.sleep(float(os.environ.get("SLOW_STOP_S", "3")))
     Path(f"saved-{rank}").touch()
     sys.exit(128 + signum)
 signal.signal(signal.SIGINT, stop)
@@ -387,6 +387,24 @@ def test_a_stopped_launch_lets_the_ranks_save_and_exits_as_the_signal(tmp_path, 
     assert "Traceback" not in stderr, stderr
     saved = sorted(p.name for p in tmp_path.glob("saved-*"))
     assert saved == ([] if grace else ["saved-0", "saved-1"]), stderr
+
+
+def test_a_sigterm_to_a_one_process_launch_waits_for_the_run_to_save(tmp_path):
+    """SIGTERM to the launcher of one process (what `grpo` passes on from kill or a container runtime): the run gets
+    it once and has as long as it needs to save (7 s here; accelerate's own launcher would kill it after 5 s), and the
+    launch ends with 143 once it has."""
+    (tmp_path / "slow_stop.py").write_text(SLOW_STOP)
+    env = {**os.environ, "SLOW_STOP_S": "7"}
+    cmd = launch.accelerate_launcher() + ["--num_processes", "1", "slow_stop.py"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "ready-0").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the run did not start"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr
+    assert (tmp_path / "saved-0").exists() and "Traceback" not in stderr, stderr
 
 
 # --- launch warnings ----------------------------------------------------------------------------------------
