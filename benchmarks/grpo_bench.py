@@ -128,6 +128,8 @@ CONFIGS = {
     "unsloth-lora16": ("unsloth", {"lora": LORA16}),
     "grpo-lora16": ("grpo", {"micro_batch": "recipe", "lora": LORA16}),
     "grpo-lora16-mb8": ("grpo", {"micro_batch": 8, "lora": LORA16}),  # TRL's micro-batch: its peak to compare
+    # twice the recipe's micro-batch at 1024 tokens: half the micro-batches to launch, a higher forward/backward peak
+    "grpo-lora16-mb16": ("grpo", {"micro_batch": 16, "lora": LORA16}),
     # the same with one of grpo's GPU defaults changed to TRL's each: which makes its forward/backward slower there
     "grpo-lora16-mb8-no-liger": ("grpo", {"micro_batch": 8, "lora": LORA16, "use_liger_kernel": False}),
     "grpo-lora16-mb8-cudnn": ("grpo", {"micro_batch": 8, "lora": LORA16, "cudnn_attention": True}),

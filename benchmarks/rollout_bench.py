@@ -21,6 +21,9 @@ Variants (each in its own process, so one cannot leave state for the next):
   prefill-every-row  the prefill over every row, not once per distinct prompt
   logsoftmax-sampling  the probabilities as exp(log_softmax(float32 logits)): a float32 copy of the logits and
                   two more passes over them
+  bmm             the decode attention as two batched matrix products and a softmax (each key/value head's
+                  queries together, every key read once), over the cache in stretches of 256 as on the SDPA path
+  bmm-64          ... in stretches of 64 (more graphs, fewer padding keys read)
 
 A random-weight model of a Qwen2.5 shape in bf16 with liger-kernel's layers (as `grpo rl` trains it on a GPU;
 `--lora R`: with a LoRA adapter on every linear layer, folded into the decode steps), 128 rows of 120-147 prompt
@@ -58,6 +61,8 @@ VARIANTS = (
     "compile-sampling",
     "prefill-every-row",
     "logsoftmax-sampling",
+    "bmm",
+    "bmm-64",
 )
 
 
@@ -92,6 +97,20 @@ def attention_backend(variant: str):
 
     backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
     return sdpa_kernel([backend[variant.removeprefix("sdpa-")]])
+
+
+def bmm_attention(decoder, i: int, q, mask, kv_len: int):
+    """The decode attention of layer i as two batched matrix products (the `bmm` variants): q [B, heads, 1, dim], the
+    mask [B, 1, 1, kv_len] True where a row sees a key."""
+    import torch
+
+    batch, groups = q.shape[0], decoder.heads // decoder.kv_heads
+    q = q.reshape(batch, decoder.kv_heads, groups, decoder.head_dim)
+    keys, values = decoder.keys[i][:, :, :kv_len], decoder.values[i][:, :, :kv_len]
+    scores = torch.matmul(q, keys.transpose(-1, -2))  # [B, kv heads, groups, keys]
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores.float() * decoder.scaling, dim=-1).to(values.dtype)
+    return torch.matmul(probs, values).reshape(batch, decoder.heads, 1, decoder.head_dim)
 
 
 def kernel_gaps(trace: dict, top: int = 25) -> str:
@@ -143,7 +162,7 @@ def main() -> None:
     sampler = rollout.Sampler(
         rollout.EngineOptions(
             cuda_graphs=args.variant != "eager",
-            flash_decode=not args.variant.startswith("sdpa"),
+            flash_decode=not args.variant.startswith(("sdpa", "bmm")),
             shared_prefill=args.variant != "prefill-every-row",
         )
     )
@@ -156,6 +175,10 @@ def main() -> None:
     if args.variant == "compile-sampling":
         rollout._token_probs = torch.compile(rollout._token_probs, dynamic=False)
         rollout._draw = torch.compile(rollout._draw, dynamic=False)
+    if args.variant.startswith("bmm"):
+        rollout._Decoder._decode_attention = bmm_attention
+        if args.variant == "bmm-64":
+            rollout.KV_STRETCH = 64
     if args.variant == "compile":
         import torch._dynamo
 
@@ -208,6 +231,8 @@ def main() -> None:
         f"{args.shape}{adapter} {args.variant}: {median:.3f} s a rollout, "
         f"{result['ms_per_decode_step']:.2f} ms per decode step (timed {', '.join(f'{t:.3f}' for t in timed)}; warm-up {', '.join(f'{t:.3f}' for t in warmups)})"
     )
+    if args.out:
+        write_text(Path(args.out), json.dumps(result, indent=1) + "\n")
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
@@ -221,8 +246,6 @@ def main() -> None:
         tables.append(kernel_gaps(json.loads(trace.read_text())))
         trace.unlink()
         write_text(Path(args.profile), "\n\n".join(tables))
-    if args.out:
-        write_text(Path(args.out), json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -380,3 +380,28 @@ def test_rollout_bench_lora_puts_a_foldable_adapter_on_every_projection():
             assert foldable_adapters(projections[name]) == ["default"], name
             assert projections[name].r["default"] == 4
             assert isinstance(projections[name].lora_dropout["default"], torch.nn.Identity)  # no dropout
+
+
+def test_rollout_bench_bmm_attention_samples_what_the_sampler_does(monkeypatch):
+    """`rollout_bench.py --variant bmm` times the decode attention as two batched matrix products: the same
+    completions and log-probs as the sampler's own attention over a masked, left-padded cache (to float32 rounding)."""
+    import torch
+
+    from benchmarks.grpo_bench import random_qwen2
+    from benchmarks.rollout_bench import bmm_attention
+    from grpo_cli.engine import rollout
+
+    model = random_qwen2("tiny", "cpu", torch.float32).eval()
+    prompts = [[5, 6, 7, 8, 9], [11, 12, 13]] * 2  # left padding, each prompt twice
+
+    def sample():
+        sampler = rollout.Sampler(rollout.EngineOptions(cuda_graphs=False, flash_decode=False))
+        torch.manual_seed(0)
+        return sampler.sample(model, prompts, 12, eos_token_ids=[0], pad_token_id=0)
+
+    tokens, logprobs = sample()
+    monkeypatch.setattr(rollout._Decoder, "_decode_attention", bmm_attention)
+    bmm_tokens, bmm_logprobs = sample()
+    assert bmm_tokens == tokens
+    flat = [torch.tensor([p for row in rows for p in row]) for rows in (bmm_logprobs, logprobs)]
+    assert torch.allclose(*flat, atol=1e-5)
