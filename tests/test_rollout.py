@@ -184,7 +184,9 @@ def test_rollout_applies_lora_layers(targets):
     assert torch.allclose(weight[:64], attn.q_proj.base_layer.weight + delta, atol=1e-6)  # q's update merged
     assert rollout.stacked_qkv_bytes(inner) == 2 * (weight.nbytes + 128 * 4)  # two layers, with q/k/v biases
     folded = rollout._folded_linears(inner.model.layers[0])
-    assert isinstance(folded[3], rollout._FoldedLoRA)  # down_proj
+    assert isinstance(folded[2], rollout._FoldedLoRA)  # down_proj
+    # gate and up share their input: with both adapted, one product with their stacked A serves both
+    assert isinstance(folded[1], rollout._FoldedGateUp) == (targets == "all-linear")
     completions, logprobs = rollout.Sampler().sample(
         inner, PROMPTS, 16, eos_token_ids=[3], pad_token_id=0, sampling=rollout.Sampling(temperature=1.0)
     )
