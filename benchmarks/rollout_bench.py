@@ -24,6 +24,8 @@ Variants (each in its own process, so one cannot leave state for the next):
   bmm             the decode attention as two batched matrix products and a softmax (each key/value head's
                   queries together, every key read once), over the cache in stretches of 256 as on the SDPA path
   bmm-64          ... in stretches of 64 (more graphs, fewer padding keys read)
+  separate-gate-up  with --lora: the gate and up projections' updates each from its own product with A, instead of
+                  one product with both A stacked
 
 A random-weight model of a Qwen2.5 shape in bf16 with liger-kernel's layers (as `grpo rl` trains it on a GPU;
 `--lora R`: with a LoRA adapter on every linear layer, folded into the decode steps), 128 rows of 120-147 prompt
@@ -63,6 +65,7 @@ VARIANTS = (
     "logsoftmax-sampling",
     "bmm",
     "bmm-64",
+    "separate-gate-up",
 )
 
 
@@ -179,6 +182,8 @@ def main() -> None:
         rollout._Decoder._decode_attention = bmm_attention
         if args.variant == "bmm-64":
             rollout.KV_STRETCH = 64
+    if args.variant == "separate-gate-up":
+        rollout._gate_up = rollout._separate_gate_up
     if args.variant == "compile":
         import torch._dynamo
 

@@ -294,12 +294,17 @@ def _decode_linear(linear):
 
 def _gate_up(gate_proj, up_proj):
     """What a decode step calls for the gate and up projections of one input: `_FoldedGateUp` where both are foldable
-    LoRA layers, each projection's own `_decode_linear` otherwise."""
+    LoRA layers, `_separate_gate_up` otherwise."""
     gate, up = lora_factors(gate_proj), lora_factors(up_proj)
     if gate is not None and up is not None:
         return _FoldedGateUp(gate, up)
-    gate_linear, up_linear = _decode_linear(gate_proj), _decode_linear(up_proj)
-    return lambda x: (gate_linear(x), up_linear(x))
+    return _separate_gate_up(gate_proj, up_proj)
+
+
+def _separate_gate_up(gate_proj, up_proj):
+    """The gate and up projections each as `_decode_linear` makes it, as one call giving both."""
+    gate, up = _decode_linear(gate_proj), _decode_linear(up_proj)
+    return lambda x: (gate(x), up(x))
 
 
 def _folded_linears(layer):
