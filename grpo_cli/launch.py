@@ -494,13 +494,12 @@ def launcher_main() -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, pass_on)  # torchrun sets its own handlers when it starts its ranks
     import accelerate.commands.launch as accelerate_launch
-    from accelerate.commands.launch import main
 
     accelerate_launch.signal = _KeepSigterm()
     from torch.distributed.elastic.multiprocessing import SignalException
 
     try:
-        main()
+        accelerate_launch.main()
     except SignalException as stop:
         return 128 + int(stop.sigval)
     except subprocess.CalledProcessError as ended:  # the one-process launcher's report of a non-zero exit code

@@ -116,7 +116,8 @@ def test_fused_lora_keeps_the_lora_layers_inputs_in_bf16():
 
 def test_fused_lora_without_dropout_shortens_the_forward_backward_as_measured():
     """On an H200 at 512 tokens in micro-batches of 16, PEFT's forward with dropout 0.05
-    (`h200-2026-12-03/lora-folded.json`) against `fused_lora` without dropout (`h200-2026-12-05/lora-7b-512-equal.json`, `lora-3b-512-fused-alone.json`):
+    (`h200-2026-12-03/lora-folded.json`) against `fused_lora` without dropout
+    (`h200-2026-12-05/lora-7b-512-equal.json`, `lora-3b-512-fused-alone.json`):
     the forward/backward took 6.03 -> 4.76 s at 3B and 9.43 -> 7.12 s at 7B."""
     run = RunShape(micro_batch=16, rollout_rows=128, prompt_tokens=147, completion_tokens=512, lora_rank=16)
     for config, measured in ((QWEN_3B, 4.76 / 6.03), (QWEN_7B, 7.12 / 9.43)):

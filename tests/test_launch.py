@@ -366,6 +366,16 @@ time.sleep(120)
 """
 
 
+def _start_slow_stop(cmd: list[str], folder, env: dict, ranks: int) -> subprocess.Popen:
+    """Launch `cmd` (SLOW_STOP's ranks) in `folder`, in a session of its own; return once every rank is ready."""
+    proc = subprocess.Popen(cmd, cwd=folder, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not all((folder / f"ready-{rank}").exists() for rank in range(ranks)):
+        assert proc.poll() is None and time.monotonic() < deadline, "the ranks did not start"
+        time.sleep(0.1)
+    return proc
+
+
 @pytest.mark.parametrize("grace", [None, "1"], ids=["grpo-grace", "user-grace-1s"])
 def test_a_stopped_launch_lets_the_ranks_save_and_exits_as_the_signal(tmp_path, grace):
     """Ctrl-C on a two-process launch (every process of the group signalled): torchrun waits STOP_GRACE_S for its
@@ -376,11 +386,7 @@ def test_a_stopped_launch_lets_the_ranks_save_and_exits_as_the_signal(tmp_path, 
     if grace:
         env[launch.STOP_GRACE_VARIABLE] = grace
     cmd = launch.accelerate_launcher() + ["--multi_gpu", "--num_processes", "2", "slow_stop.py"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while not all((tmp_path / f"ready-{rank}").exists() for rank in (0, 1)):
-        assert proc.poll() is None and time.monotonic() < deadline, "the ranks did not start"
-        time.sleep(0.1)
+    proc = _start_slow_stop(cmd, tmp_path, env, ranks=2)
     os.killpg(proc.pid, signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
@@ -396,11 +402,7 @@ def test_a_sigterm_to_a_one_process_launch_waits_for_the_run_to_save(tmp_path):
     (tmp_path / "slow_stop.py").write_text(SLOW_STOP)
     env = {**os.environ, "SLOW_STOP_S": "7"}
     cmd = launch.accelerate_launcher() + ["--num_processes", "1", "slow_stop.py"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while not (tmp_path / "ready-0").exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "the run did not start"
-        time.sleep(0.1)
+    proc = _start_slow_stop(cmd, tmp_path, env, ranks=1)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 143, stderr

@@ -249,12 +249,14 @@ class _FoldedLoRA:
         self.a = a.to(base.weight.dtype)
         self.bt = b.t().to(base.weight.dtype)
 
-    def __call__(self, x):
+    def __call__(self, x, low=None):
+        """The layer's output for x; `low` is x's product with A where the caller made it already."""
         import torch
 
         out = torch.nn.functional.linear(x, self.weight, self.bias)
-        low = torch.nn.functional.linear(x, self.a)
-        out.view(-1, out.shape[-1]).addmm_(low.view(-1, low.shape[-1]), self.bt)
+        if low is None:
+            low = torch.nn.functional.linear(x, self.a)
+        out.view(-1, out.shape[-1]).addmm_(low.reshape(-1, low.shape[-1]), self.bt)
         return out
 
 
@@ -263,26 +265,17 @@ class _FoldedGateUp:
     input, so one product with both adapters' A stacked serves both updates (five kernels, where two `_FoldedLoRA`
     launch six; each product with A is too small for its reading to set its time)."""
 
-    def __init__(self, gate, up):
+    def __init__(self, gate: _FoldedLoRA, up: _FoldedLoRA):
         import torch
 
-        (gate_base, gate_a, gate_b), (up_base, up_a, up_b) = gate, up
-        dtype = gate_base.weight.dtype
-        self.gate, self.up = (gate_base.weight, gate_base.bias), (up_base.weight, up_base.bias)
-        self.a = torch.cat([gate_a, up_a]).to(dtype)
-        self.rank = gate_a.shape[0]
-        self.gate_bt, self.up_bt = gate_b.t().to(dtype), up_b.t().to(dtype)
+        self.gate, self.up = gate, up
+        self.a, self.rank = torch.cat([gate.a, up.a]), gate.a.shape[0]
 
     def __call__(self, x):
         import torch
 
-        gate = torch.nn.functional.linear(x, *self.gate)
-        up = torch.nn.functional.linear(x, *self.up)
         low = torch.nn.functional.linear(x, self.a)
-        low = low.view(-1, low.shape[-1])
-        gate.view(-1, gate.shape[-1]).addmm_(low[:, : self.rank], self.gate_bt)
-        up.view(-1, up.shape[-1]).addmm_(low[:, self.rank :], self.up_bt)
-        return gate, up
+        return self.gate(x, low[..., : self.rank]), self.up(x, low[..., self.rank :])
 
 
 def _decode_linear(linear):
@@ -297,7 +290,7 @@ def _gate_up(gate_proj, up_proj):
     LoRA layers, `_separate_gate_up` otherwise."""
     gate, up = lora_factors(gate_proj), lora_factors(up_proj)
     if gate is not None and up is not None:
-        return _FoldedGateUp(gate, up)
+        return _FoldedGateUp(_FoldedLoRA(*gate), _FoldedLoRA(*up))
     return _separate_gate_up(gate_proj, up_proj)
 
 
