@@ -180,6 +180,14 @@ class KernelArguments:
             "and back. On by default for `grpo rl` with LoRA on a GPU, without DeepSpeed, FSDP or k-bit weights."
         },
     )
+    flash_attention: bool = field(
+        default=False,
+        metadata={
+            "help": "Run the forward/backward's attention over a padded batch through PyTorch's FlashAttention "
+            "kernel for sequences of several lengths (grpo_cli/engine/attention.py), not SDPA's slower padding-mask "
+            "kernel. Needs a CUDA GPU; other calls go to SDPA. On by default for `grpo rl` on a GPU."
+        },
+    )
 
 
 @dataclass

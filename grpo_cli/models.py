@@ -230,6 +230,8 @@ def gpu_problems(model_args, training_args=None, has_cuda: bool | None = None) -
         problems.append(
             f"use_liger_kernel: true needs Triton on a CUDA GPU - set use_liger_kernel: false {fix}"
         )
+    if _get(args, "flash_attention"):
+        problems.append(f"flash_attention: true runs a CUDA GPU's FlashAttention kernel - set flash_attention: false {fix}")
     if _get(args, "activation_offloading"):
         problems.append(
             f"activation_offloading: true moves activations from a CUDA GPU to the CPU - set "

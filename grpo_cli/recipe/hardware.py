@@ -205,7 +205,8 @@ def hardware_defaults(
       for copies to a GPU; torch warns without one), and with several processes `use_cpu` (else each trains alone).
     - Which engine samples `grpo rl`'s rollouts (`rollout_engine`: grpo's on a GPU, TRL's on the CPU).
     - Float32 master weights for full fine-tuning of bfloat16 weights without DeepSpeed (`wants_master_weights`).
-    - A GPU: for `grpo rl`, liger-kernel's fused RMSNorm, rotary and SwiGLU
+    - A GPU: for `grpo rl`, the forward/backward's attention through FlashAttention's variable-length kernel
+      (`flash_attention`, under DeepSpeed too), liger-kernel's fused RMSNorm, rotary and SwiGLU
       kernels where installed (GRPO steps measured faster at every micro-batch size tried), LoRA layers through
       `fused_lora` where their weights are whole (`fuses_lora`), and
       `activation_offloading` with `lean_lm_head` where the forward/backward rather than the rollout sets the peak
@@ -231,7 +232,10 @@ def hardware_defaults(
         if hardware.processes > 1:
             default("use_cpu", True, f"no GPU, {hardware.processes} processes")
         return chosen, notes
-    if command != "rl" or not hardware.training or values.get("deepspeed"):
+    if command != "rl" or not hardware.training:
+        return chosen, notes
+    default("flash_attention", True, "GPU")  # the attention does not depend on how the weights are held
+    if values.get("deepspeed"):
         return chosen, notes
     why = None
     if not (hardware.sharded or values.get("fsdp")):
