@@ -133,6 +133,8 @@ CONFIGS = {
     # the same with one of grpo's GPU defaults changed to TRL's each: which makes its forward/backward slower there
     "grpo-lora16-mb8-no-liger": ("grpo", {"micro_batch": 8, "lora": LORA16, "use_liger_kernel": False}),
     "grpo-lora16-mb8-cudnn": ("grpo", {"micro_batch": 8, "lora": LORA16, "cudnn_attention": True}),
+    # SDPA with the padding mask (its memory-efficient kernel) instead of FlashAttention's variable-length kernel
+    "grpo-lora16-sdpa": ("grpo", {"micro_batch": "recipe", "lora": LORA16, "flash_attention": False}),
     "grpo-lora16-mb8-no-guard": ("grpo", {"micro_batch": 8, "lora": LORA16, "nonfinite_guard": False}),
     # no recomputed forward: where the memory allows it (7B at 512 tokens: 54 GiB predicted in micro-batches of 4)
     "grpo-lora16-no-gc-mb4": ("grpo", {"micro_batch": 4, "lora": LORA16, "gradient_checkpointing": False}),
@@ -223,10 +225,13 @@ def _write_json(path: Path, data: dict) -> None:
     write_text(path, json.dumps(data, indent=1))
 
 
-def _install_timers(record: dict, out: Path, steps: int, profile: str = "", memory: str = "") -> None:
+def _install_timers(
+    record: dict, out: Path, steps: int, profile: str = "", memory: str = "", profile_phase: str = "step"
+) -> None:
     """Time generation, reward scoring, the rest of the batch preparation, the micro-batches' forward/backward and
     whole optimizer steps of any GRPOTrainer in this process; keep each logged step's metrics. With `profile`, the
-    third step runs under torch.profiler (its tables go to the file `profile` names) and is left out of the timings.
+    third step runs under torch.profiler (its tables go to the file `profile` names) and is left out of the timings;
+    `profile_phase` "train": only what follows its generation (rewards, the micro-batches, the optimizer step).
     With `memory` (memory history recording since the process began), the file it names gets what is allocated
     between the last two steps and at the last step's peak, grouped by allocation site."""
     import torch
@@ -252,7 +257,14 @@ def _install_timers(record: dict, out: Path, steps: int, profile: str = "", memo
         }
 
     pending = fresh()
-    clock = {"last": None, "profiler": None, "peak": 0}
+    clock = {"last": None, "profiler": None, "peak": 0, "armed": False}
+
+    def start_profiler() -> None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if cuda:
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        clock["profiler"] = torch.profiler.profile(activities=activities)
+        clock["profiler"].start()
 
     def phase_peak(phase: str) -> None:
         """Charge the peak memory since the last call to `phase` of the current step, then start a new window."""
@@ -283,6 +295,9 @@ def _install_timers(record: dict, out: Path, steps: int, profile: str = "", memo
         pending["completion_tokens"] += sum(len(c) for c in completion_ids)
         pending["decode_steps"] += max(len(c) for c in completion_ids)
         pending["calls"].append({"batch": len(completion_ids), "prompt_len": max(len(p) for p in prompt_ids)})
+        if clock["armed"]:  # the profiled step's generation is done: what follows it is profiled
+            clock["armed"] = False
+            start_profiler()
         if "rollout" not in record:
             if getattr(self, "rollout_func", None) is None:
                 record["rollout"] = "trl generate"
@@ -362,11 +377,10 @@ def _install_timers(record: dict, out: Path, steps: int, profile: str = "", memo
             os._exit(0)
         output = step_end(self, *args, **kwargs)
         if profile and len(record["steps"]) == 2:
-            activities = [torch.profiler.ProfilerActivity.CPU]
-            if cuda:
-                activities.append(torch.profiler.ProfilerActivity.CUDA)
-            clock["profiler"] = torch.profiler.profile(activities=activities)
-            clock["profiler"].start()
+            if profile_phase == "train":
+                clock["armed"] = True
+            else:
+                start_profiler()
         clock["last"] = now()  # callbacks (logging, console) count in the next step, as in a real run
         return output
 
@@ -522,7 +536,9 @@ def run_unsloth(spec: dict, output_dir: Path) -> None:
 
 
 # the machine defaults of `grpo rl` that change a step's time or peak, recorded as each run resolved them
-RESOLVED_KEYS = ("fused_lora", "activation_offloading", "lean_lm_head", "use_liger_kernel", "master_weights")
+RESOLVED_KEYS = (
+    "fused_lora", "flash_attention", "activation_offloading", "lean_lm_head", "use_liger_kernel", "master_weights"
+)
 
 
 def grpo_recipe(spec: dict, output_dir: Path):
@@ -581,7 +597,9 @@ def worker(spec_path: Path) -> None:
         import unsloth  # noqa: F401  (before TRL, which it patches as it loads)
 
         record["rollout"] = "unsloth generate"  # its patched model.generate, no vLLM
-    _install_timers(record, out, spec["steps"], spec.get("profile", ""), spec.get("memory", ""))
+    _install_timers(
+        record, out, spec["steps"], spec.get("profile", ""), spec.get("memory", ""), spec.get("profile_phase", "step")
+    )
     work = Path(tempfile.mkdtemp(prefix="grpo-bench-"))
     if spec["side"] == "grpo":
         from grpo_cli.train.rl import run_rl
@@ -996,6 +1014,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--profile", default="", help="comma-separated configs whose third step is profiled")
     parser.add_argument(
+        "--profile-phase",
+        choices=("step", "train"),
+        default="step",
+        help="what of the profiled step is profiled: all of it, or what follows its generation (the micro-batches' "
+        "forward/backward and the optimizer step)",
+    )
+    parser.add_argument(
         "--unsloth-site",
         help="a folder of packages put first on the Python path of the unsloth configurations: Unsloth with the TRL "
         "(<=1.15) and datasets (<5) it supports",
@@ -1125,6 +1150,7 @@ def main(argv: list[str] | None = None) -> None:
             "profile": str(out.parent / f"{shape}-{length}-{config}.profile.txt")
             if config in profile
             else "",
+            "profile_phase": args.profile_phase,
             "memory": str(out.parent / f"{shape}-{length}-{config}.memory.json") if config in memory else "",
             "out": str(work / f"{shape}-{length}-{config}.json"),
         }
