@@ -2,11 +2,11 @@
 
 A GRPO batch is padded: each row is [left padding][prompt][completion][right padding]. Through transformers' SDPA
 attention a padded batch carries an explicit mask, and with a mask torch's scaled_dot_product_attention cannot use
-its FlashAttention kernel: on H100/H200 it takes the memory-efficient kernel (Ampere's, without the causal skip) or
-cuDNN's. `flash_attention` instead runs FlashAttention's variable-length kernel over the padded batch as it lies,
-each row cut into its left padding, its tokens and its right padding (three sequences, no copy of the batch): the
-tokens attend causally to their own row's tokens only, as the mask says, and the padding only to padding (outputs
-the loss never reads).
+its FlashAttention kernel: on H100/H200 it takes the memory-efficient kernel (built for Ampere) or cuDNN's.
+`flash_attention` instead runs FlashAttention's variable-length kernel over the padded batch as it lies, each row cut
+into its left padding, its tokens and its right padding (three sequences, no copy of the batch): the tokens attend
+causally to their own row's tokens only, as the mask says, and the padding only to padding (outputs the loss never
+reads).
 
 cuDNN's attention backward on H100/H200 (the default kernel there since torch 2.11) returns NaN query gradients when
 the padded sequence length is 64 modulo 128 and a query row's logsumexp is under about -88.7: a row the mask lets see
