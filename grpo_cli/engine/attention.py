@@ -25,6 +25,9 @@ from grpo_cli.once import SayOnce
 
 logger = logging.getLogger(__name__)
 
+# Why `flash_attention` leaves a call to SDPA without saying so: nothing is lost there.
+QUIET = ("no padding", "a KV cache")
+
 
 @contextmanager
 def cudnn_attention(enabled: bool):
@@ -44,7 +47,7 @@ def flash_attention():
     """While this lasts, transformers' SDPA attention runs a padded batch's causal self-attention through
     FlashAttention's variable-length kernel (`padded_flash_attention`) where it can; everything else (a KV cache,
     dropout, a sliding window, a mask other than causal over one stretch of tokens per row) goes to SDPA as before,
-    and the first such call for a reason other than a cache says so once."""
+    and the first such call for each reason says so once (not for a cache or a batch without padding: `QUIET`)."""
     from transformers.modeling_utils import AttentionInterface
 
     original = AttentionInterface._global_mapping["sdpa"]
@@ -57,7 +60,7 @@ def flash_attention():
             cuts, reason = layouts.get(attention_mask)
             if cuts is not None:
                 return padded_flash_attention(query, key, value, cuts, scaling), None
-        if reason and reason != "cache":
+        if reason not in QUIET:
             said.warning(logger, reason, "flash_attention: some attention runs through SDPA (%s)", reason)
         return original(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
@@ -72,14 +75,43 @@ def padded_flash_attention(query, key, value, cuts, scaling):
     """Causal attention of a padded batch (query [B, heads, L, dim], key and value [B, kv heads, L, dim]) whose row i
     is the sequences between `cuts[3 i]`, `cuts[3 i + 1]`, `cuts[3 i + 2]` and `cuts[3 i + 3]` of the flattened batch;
     the output as transformers' attention functions give it, [B, L, heads, dim]."""
-    import torch
 
     batch, heads, length, dim = query.shape
     q = query.transpose(1, 2).reshape(batch * length, heads, dim)
     k = key.transpose(1, 2).reshape(batch * length, key.shape[1], dim)
     v = value.transpose(1, 2).reshape(batch * length, value.shape[1], dim)
-    out = torch.ops.aten._flash_attention_forward(q, k, v, cuts, cuts, length, length, 0.0, True, False, scale=scaling)
-    return out[0].view(batch, length, heads, dim)
+    return flash_varlen(q, k, v, cuts, cuts, length, length, scaling, causal=True).view(batch, length, heads, dim)
+
+
+def flash_varlen(queries, keys, values, query_starts, key_starts, max_queries, max_keys, scale, causal=False, seen=None):
+    """PyTorch's FlashAttention variable-length kernel: sequence i's queries are rows query_starts[i]:query_starts[i +
+    1] of `queries` ([rows, heads, dim]), its keys and values the rows from key_starts[i] on (`seen[i]` of them where
+    given, else up to key_starts[i + 1]); `causal`: each query sees the keys up to its own position. Differentiable
+    without `seen`."""
+    import torch
+
+    return torch.ops.aten._flash_attention_forward(
+        queries, keys, values, query_starts, key_starts, max_queries, max_keys, 0.0, causal, False, scale=scale,
+        seqused_k=seen,
+    )[0]  # fmt: skip
+
+
+_FLASH_CHECKS: dict = {}  # (use, device, dtype, head size) -> whether the kernel serves there
+
+
+def flash_serves(use: str, device, dtype, head_dim: int, trial) -> bool:
+    """Whether PyTorch's FlashAttention kernel serves `use` here: a CUDA GPU it was built for (Ampere or later), half
+    precision, a head size it supports, flash SDPA not turned off, and `trial(device, dtype, head_dim)` (a first call
+    on a few tokens) true; decided once per process for each use, GPU, dtype and head size."""
+    import torch
+
+    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+        return False
+    key = (use, str(device), dtype, head_dim)
+    if key not in _FLASH_CHECKS:
+        built = head_dim % 8 == 0 and head_dim <= 256 and torch.cuda.get_device_capability(device) >= (8, 0)
+        _FLASH_CHECKS[key] = built and torch.backends.cuda.flash_sdp_enabled() and trial(device, dtype, head_dim)
+    return _FLASH_CHECKS[key]
 
 
 def _not_flash(module, query, key, attention_mask, dropout, kwargs) -> str | None:
@@ -87,9 +119,9 @@ def _not_flash(module, query, key, attention_mask, dropout, kwargs) -> str | Non
     import torch
 
     if query.shape[2] != key.shape[2] or query.shape[2] < 2:
-        return "cache"  # generation with a KV cache: SDPA's own kernels serve it
+        return "a KV cache"  # generation: SDPA's own kernels serve it
     if attention_mask is None:
-        return ""  # no padding: SDPA takes FlashAttention itself, causally
+        return "no padding"  # SDPA takes FlashAttention itself, causally
     if not _flash_runs(query.device, query.dtype, query.shape[-1]):
         return f"no FlashAttention kernel for {query.dtype} heads of {query.shape[-1]} on {query.device}"
     if dropout:
@@ -141,25 +173,15 @@ def _cuts(mask):
     return torch.cat([cuts, end]).to(torch.int32), ""
 
 
-_FLASH_CHECKS: dict = {}  # (device, dtype, head size) -> whether the kernel trains there
-
-
 def _flash_runs(device, dtype, head_dim: int) -> bool:
-    """Whether FlashAttention's variable-length kernel runs here (a first call on a few tokens, once per process for
-    each GPU, dtype and head size; made inside a forward, it saves nothing that gradient checkpointing counts)."""
-    key = (str(device), dtype, head_dim)
-    if key not in _FLASH_CHECKS:
-        _FLASH_CHECKS[key] = _flash_trial(device, dtype, head_dim)
-    return _FLASH_CHECKS[key]
+    """Whether FlashAttention's variable-length kernel trains here (`flash_serves`, its trial made inside a forward:
+    it saves nothing that gradient checkpointing counts)."""
+    return flash_serves("training", device, dtype, head_dim, _flash_trial)
 
 
 def _flash_trial(device, dtype, head_dim: int) -> bool:
     import torch
 
-    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16) or not torch.backends.cuda.flash_sdp_enabled():
-        return False
-    if head_dim % 8 or head_dim > 256 or torch.cuda.get_device_capability(device) < (8, 0):
-        return False
     try:  # two rows of four tokens, the first left-padded by one; two query heads on one key/value head
         with torch.no_grad(), torch.autocast("cuda", enabled=False):  # no tensor saved for any backward
             q = torch.randn(2, 2, 4, head_dim, device=device, dtype=dtype)

@@ -27,6 +27,7 @@ import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from grpo_cli.engine.attention import flash_serves, flash_varlen
 from grpo_cli.once import SayOnce
 
 logger = logging.getLogger("grpo_cli.engine.rollout")
@@ -104,30 +105,15 @@ def _rope_function(attn):
     return getattr(inspect.getmodule(type(attn)), "apply_rotary_pos_emb", None)
 
 
-_FLASH_CHECKS: dict = {}  # (device, dtype, head size) -> whether the kernel serves there
-
-
 def _flash_decode_available(device, dtype, head_dim: int) -> bool:
-    """Whether PyTorch's FlashAttention kernel can run the decode attention here: a CUDA GPU it was built for (Ampere
-    or later), half precision, a head size it supports, its variable-length entry with per-sequence key counts, and
-    a first call on a few tokens that ran (decided once per process for each GPU, dtype and head size)."""
-    import torch
-
-    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
-        return False
-    key = (str(device), dtype, head_dim)
-    if key not in _FLASH_CHECKS:
-        _FLASH_CHECKS[key] = _flash_decode_runs(device, dtype, head_dim)
-    return _FLASH_CHECKS[key]
+    """Whether PyTorch's FlashAttention kernel can run the decode attention here (`flash_serves`): its
+    variable-length entry with per-sequence key counts, and a first call on a few tokens that ran."""
+    return flash_serves("decode", device, dtype, head_dim, _flash_decode_runs)
 
 
 def _flash_decode_runs(device, dtype, head_dim: int) -> bool:
     import torch
 
-    if head_dim % 8 or head_dim > 256 or torch.cuda.get_device_capability(device) < (8, 0):
-        return False
-    if not torch.backends.cuda.flash_sdp_enabled():
-        return False
     forward = getattr(torch.ops.aten, "_flash_attention_forward", None)
     if forward is None or "seqused_k" not in str(forward.default._schema):
         return False
@@ -135,32 +121,11 @@ def _flash_decode_runs(device, dtype, head_dim: int) -> bool:
         ones = torch.ones(4, 1, head_dim, device=device, dtype=dtype)
         starts = torch.tensor([0, 1, 2], device=device, dtype=torch.int32)
         seen = torch.tensor([1, 2], device=device, dtype=torch.int32)
-        out = _flash_decode(ones[:2], ones, ones, starts, starts * 2, 1, 2, head_dim**-0.5, seen)
+        out = flash_varlen(ones[:2], ones, ones, starts, starts * 2, 1, 2, head_dim**-0.5, seen=seen)
         return bool(torch.allclose(out.float(), torch.ones_like(out, dtype=torch.float32)))
     except (RuntimeError, TypeError) as err:
         logger.info("decode attention through scaled_dot_product_attention: FlashAttention failed (%s)", err)
         return False
-
-
-def _flash_decode(queries, keys, values, query_starts, key_starts, max_queries: int, max_keys: int, scale, seen):
-    """FlashAttention's variable-length forward: sequence i's queries are rows query_starts[i]:query_starts[i + 1] of
-    `queries` ([rows, heads, dim]); its keys and values, `seen[i]` rows from key_starts[i] on."""
-    import torch
-
-    return torch.ops.aten._flash_attention_forward(
-        queries,
-        keys,
-        values,
-        query_starts,
-        key_starts,
-        max_queries,
-        max_keys,
-        0.0,
-        False,
-        False,
-        scale=scale,
-        seqused_k=seen,
-    )[0]
 
 
 def foldable_adapters(linear) -> list[str] | None:
@@ -455,7 +420,7 @@ class _Decoder:
 
         batch, groups = q.shape[0], self.heads // self.kv_heads
         if self.flash:
-            return _flash_decode(
+            return flash_varlen(
                 q.reshape(-1, 1, self.head_dim),  # [row, kv head, group] -> one sequence's queries per head
                 self.keys[i].view(-1, 1, self.head_dim),
                 self.values[i].view(-1, 1, self.head_dim),
@@ -464,7 +429,7 @@ class _Decoder:
                 groups,
                 kv_len,
                 self.scaling,
-                self.keys_seen,
+                seen=self.keys_seen,
             ).view(batch, self.heads, 1, self.head_dim)
         # One query per row, grouped by its key/value head ([batch, kv_heads, groups, dim]): the fused kernel reads
         # each key/value head once, never repeated, and the mask [batch, 1, 1, keys] holds for all.
