@@ -107,6 +107,8 @@ def flash_serves(use: str, device, dtype, head_dim: int, trial) -> bool:
 
     if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
         return False
+    if device.index is None:  # "cuda" and "cuda:0" are one GPU: one trial
+        device = torch.device("cuda", torch.cuda.current_device())
     key = (use, str(device), dtype, head_dim)
     if key not in _FLASH_CHECKS:
         built = head_dim % 8 == 0 and head_dim <= 256 and torch.cuda.get_device_capability(device) >= (8, 0)
