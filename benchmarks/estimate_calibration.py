@@ -61,6 +61,7 @@ def run_shape(entry: dict) -> RunShape:
         fused_lora=bool(resolved.get("fused_lora", overrides.get("fused_lora"))),
         gradient_checkpointing=overrides.get("gradient_checkpointing", True),
         activation_offloading=bool(offload),
+        flash_attention=bool(resolved.get("flash_attention", overrides.get("flash_attention"))),
         zero_stage={"zero2": 2, "zero3": 3}.get(entry.get("accelerate"), 0),
         grpo_sampler=overrides.get("cache_implementation", "static") == "static",
         master_weights=bool(entry.get("master_weights")),  # absent: measured before full fine-tuning had them

@@ -122,7 +122,7 @@ def run_shape(recipe: Recipe, processes: int, accelerate_config: dict | None, sh
     """What one process of the run does on a GPU, from the recipe's resolved keys. Keys the recipe leaves to the
     machine take a GPU's defaults, whatever machine checks it: grpo's sampler (where nothing makes the run fall back
     to TRL's), activation offloading where a micro-batch's layer inputs are a large share of the rollout's cache
-    (`grpo_cli.recipe.hardware.training_sets_the_peak`), and `fused_lora` for LoRA (`fuses_lora`)."""
+    (`grpo_cli.recipe.hardware.training_sets_the_peak`), `fused_lora` for LoRA (`fuses_lora`) and `flash_attention`."""
     from grpo_cli.launch import zero_stage
     from grpo_cli.recipe.check import rollout_path
 
@@ -138,6 +138,8 @@ def run_shape(recipe: Recipe, processes: int, accelerate_config: dict | None, sh
         v["activation_offloading"] = bool(offload)
     if "fused_lora" in machine or "fused_lora" not in recipe.values:
         v["fused_lora"] = fuses_lora(v, Hardware(gpu=True, sharded=bool(stage)))
+    if "flash_attention" in machine or "flash_attention" not in recipe.values:
+        v["flash_attention"] = True  # `grpo rl`'s GPU default, DeepSpeed or not
     modules = v.get("lora_target_modules")
     if modules in (None, []):
         modules = TRL_DEFAULT_LORA_MODULES
@@ -157,6 +159,7 @@ def run_shape(recipe: Recipe, processes: int, accelerate_config: dict | None, sh
         fused_lora=bool(v.get("fused_lora")) and stage != 3 and not quantized(v),
         gradient_checkpointing=bool(v.get("gradient_checkpointing")),
         activation_offloading=bool(v.get("activation_offloading")),
+        flash_attention=bool(v.get("flash_attention")),
         zero_stage=stage,
         processes=processes,
         grpo_sampler=rollout_path(v, accelerate_config).startswith("grpo's sampler"),
