@@ -135,6 +135,8 @@ CONFIGS = {
     "grpo-lora16-mb8-cudnn": ("grpo", {"micro_batch": 8, "lora": LORA16, "cudnn_attention": True}),
     # SDPA with the padding mask (its memory-efficient kernel) instead of FlashAttention's variable-length kernel
     "grpo-lora16-sdpa": ("grpo", {"micro_batch": "recipe", "lora": LORA16, "flash_attention": False}),
+    # each micro-batch without its padding, each prompt once for its completions there (its rows grouped by prompt)
+    "grpo-lora16-packed": ("grpo", {"micro_batch": "recipe", "lora": LORA16, "packed_forward": True}),
     "grpo-lora16-mb8-no-guard": ("grpo", {"micro_batch": 8, "lora": LORA16, "nonfinite_guard": False}),
     # no recomputed forward: where the memory allows it (7B at 512 tokens: 54 GiB predicted in micro-batches of 4)
     "grpo-lora16-no-gc-mb4": ("grpo", {"micro_batch": 4, "lora": LORA16, "gradient_checkpointing": False}),
@@ -537,7 +539,8 @@ def run_unsloth(spec: dict, output_dir: Path) -> None:
 
 # the machine defaults of `grpo rl` that change a step's time or peak, recorded as each run resolved them
 RESOLVED_KEYS = (
-    "fused_lora", "flash_attention", "activation_offloading", "lean_lm_head", "use_liger_kernel", "master_weights"
+    "fused_lora", "flash_attention", "packed_forward", "activation_offloading", "lean_lm_head", "use_liger_kernel",
+    "master_weights",
 )
 
 

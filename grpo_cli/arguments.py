@@ -188,6 +188,14 @@ class KernelArguments:
             "kernel. Needs a CUDA GPU; other calls go to SDPA. On by default for `grpo rl` on a GPU."
         },
     )
+    packed_forward: bool = field(
+        default=False,
+        metadata={
+            "help": "`grpo rl`: train each micro-batch without its padding, each prompt computed once for the "
+            "completions that share it (grpo_cli/engine/packed.py); the same logits and gradients. Its attention "
+            "runs through FlashAttention on a GPU, through SDPA with a mask elsewhere."
+        },
+    )
 
 
 @dataclass

@@ -71,6 +71,45 @@ def flash_attention():
         AttentionInterface._global_mapping["sdpa"] = original
 
 
+_PACKED = {"entered": 0}  # how many `packed_attention` blocks are open
+
+
+@contextmanager
+def packed_attention():
+    """While this lasts, transformers' SDPA attention serves the packed forward's calls (those that carry a plan,
+    grpo_cli/engine/packed.py) over the packed sequence, and hands every other call on as before."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import AttentionInterface
+
+    from grpo_cli.engine.packed import PLAN_KEY
+    from grpo_cli.engine.packed import packed_attention as attend
+
+    original = AttentionInterface._global_mapping["sdpa"]
+
+    def forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        plan = kwargs.pop(PLAN_KEY, None)
+        if plan is None:
+            return original(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+        def sdpa(q, k, v, mask, dropout, scaling):  # transformers' own, with the packed sequence's mask
+            return sdpa_attention_forward(module, q, k, v, mask, dropout=dropout, scaling=scaling, **kwargs)[0]
+
+        return attend(query, key, value, plan, scaling, dropout, sdpa), None
+
+    AttentionInterface._global_mapping["sdpa"] = forward
+    _PACKED["entered"] += 1
+    try:
+        yield
+    finally:
+        _PACKED["entered"] -= 1
+        AttentionInterface._global_mapping["sdpa"] = original
+
+
+def packed_attention_entered() -> bool:
+    """Whether a `packed_attention` block is open: the packed forward's attention calls are served."""
+    return _PACKED["entered"] > 0
+
+
 def padded_flash_attention(query, key, value, cuts, scaling):
     """Causal attention of a padded batch (query [B, heads, L, dim], key and value [B, kv heads, L, dim]) whose row i
     is the sequences between `cuts[3 i]`, `cuts[3 i + 1]`, `cuts[3 i + 2]` and `cuts[3 i + 3]` of the flattened batch;

@@ -14,7 +14,9 @@ completions out again:
 - **Regrouped.** The completions trained, longest first, fill as few micro-batches as they need, each cut to the
   completion columns its rows use: `per_device_train_batch_size` rows each, or with `pack_micro_batches` as many as
   fit the tokens of the micro-batch GRPOTrainer cut (that many rows at the batch's padded length), so a step of short
-  completions runs fewer. The step's other micro-batches hold no row and run no forward or backward.
+  completions runs fewer (at the width of each one's widest row). The step's other micro-batches hold no row and
+  run no forward or backward. With `packed_forward`, each prompt's completions are kept next to each other (in that
+  order), so that a micro-batch computes a prompt once for those of its completions it holds.
 
 Each trained micro-batch's loss is scaled by its rows' share of the loss type's normalizer, so the update is the one
 over all rows: rows for `grpo`, `dr_grpo`, `sapo` and `luspo` (whose normalizer does not depend on which rows share a
@@ -88,6 +90,7 @@ def regroup(
     every_micro_batch: bool = False,
     processes=None,
     pad_to_multiple_of: int | None = None,
+    by_prompt: bool = False,
 ) -> tuple[list[dict], float]:
     """A generation batch's training micro-batches (GRPOTrainer's slices of equal size, in order) laid out again as
     the module says, and the share of rows left out.
@@ -96,7 +99,9 @@ def regroup(
     factor under `LOSS_SCALE`, and one with no row runs no forward or backward. `leave_out`: zero-advantage rows are
     left out. `pack`: micro-batches are filled by tokens, not rows (not with `every_micro_batch`). `every_micro_batch`:
     each keeps a row (DeepSpeed, FSDP). `processes`: the accelerator under several processes (its `reduce` and
-    `gather`), None under one. A vision-language batch is handed back as it is (with no factor: trained whole)."""
+    `gather`), None under one. `by_prompt`: each prompt's completions next to each other (for `packed_forward`,
+    which computes a prompt once for those of its completions that share a micro-batch). A vision-language batch is
+    handed back as it is (with no factor: trained whole)."""
     import torch
 
     if not micro_batches or any(micro_batches[0].get(key) is not None for key in IMAGE_INPUTS):
@@ -118,6 +123,8 @@ def regroup(
         order = (lengths.float() - flags.float() * (lengths.max() + 1)).argsort(stable=True)
         keep = order[:trained]
         keep = keep[lengths[keep].argsort(descending=True, stable=True)]  # longest first: like lengths together
+        if by_prompt and keep.numel() > 1:
+            keep = _by_prompt(step, keep)
         if pack and not every_micro_batch:
             sizes = _packed_sizes(step, lengths[keep], rows, processes, pad_to_multiple_of)
         else:
@@ -139,8 +146,9 @@ def _width(length: int, pad_to_multiple_of: int | None) -> int:
 
 
 def _packed_sizes(step: dict, lengths, rows: int, processes, pad_to_multiple_of: int | None) -> list[int]:
-    """How many of a step's rows (their completion `lengths`, longest first) each packed micro-batch takes: as many
-    as fit the tokens of the micro-batch GRPOTrainer cut (`rows` rows at the step's prompt and completion widths),
+    """How many of a step's rows (their completion `lengths`, in the order they train) each packed micro-batch takes:
+    as many as fit the tokens of the micro-batch GRPOTrainer cut (`rows` rows at the step's prompt and completion
+    widths) at the width of its widest row,
     and never fewer than `rows`, so no more micro-batches than the step has. Under several processes the plan is
     made from every process's lengths (the widest at each place, the smallest budget), so all take the same."""
     import torch
@@ -153,11 +161,29 @@ def _packed_sizes(step: dict, lengths, rows: int, processes, pad_to_multiple_of:
         every = processes.gather(local).view(-1, local.numel()).amax(dim=0).tolist()
         prompt, budget, widths = every[0], -every[1], every[2:]
     sizes, start = [], 0
-    while start < len(widths):
-        size = min(max(rows, budget // (prompt + widths[start])), len(widths) - start)
+    while start < len(widths):  # each micro-batch as many rows as fit at its widest row's width, at least `rows`
+        size, widest = 0, 0
+        while start + size < len(widths):
+            wider = max(widest, widths[start + size])
+            if size >= rows and (size + 1) * (prompt + wider) > budget:
+                break
+            size, widest = size + 1, wider
         sizes.append(size)
         start += size
     return sizes
+
+
+def _by_prompt(step: dict, keep):
+    """The rows `keep` with each prompt's next to each other, in their order, prompts in the order of their first
+    row."""
+    import torch
+
+    prompts = torch.cat([step["prompt_ids"], step["prompt_mask"]], dim=1)[keep]
+    _, group = torch.unique(prompts, dim=0, return_inverse=True)
+    place = torch.arange(len(keep), device=keep.device)
+    first = torch.full((int(group.max()) + 1,), len(keep), device=keep.device, dtype=place.dtype)
+    first = first.scatter_reduce(0, group, place, reduce="amin")
+    return keep[(first[group] * len(keep) + place).argsort()]
 
 
 def _joined(micro_batches: list[dict]) -> dict:

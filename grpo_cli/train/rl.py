@@ -17,6 +17,7 @@ from trl import GRPOTrainer
 
 from grpo_cli.engine import is_nonfinite_sampling
 from grpo_cli.engine.offload import LayerInputOffload
+from grpo_cli.engine.packed import PackedForward
 from grpo_cli.recipe import Recipe, reward_funcs, reward_names
 from grpo_cli.rewards import accuracy_reward, conversational
 from grpo_cli.train.batch_hooks import GuardedScores, RolloutsFile, SolvedGroups
@@ -52,13 +53,16 @@ class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
         after_scoring: list[Callable] | None = None,
         skip_zero_advantage: bool = False,
         pack_micro_batches: bool = False,
+        packed_forward: bool = False,
         **kwargs,
     ):
         """GRPOTrainer's arguments (and GuardedSteps' `step_guard`, MasterWeightsSteps' `master_weights`), and:
         `dynamic_sampler`, the recipe's dynamic sampling (None: off); `after_scoring`, what to do with each scored
         training batch, in order (`grpo_cli.train.batch_hooks`); `skip_zero_advantage`, leave zero-advantage
         completions out of the forward and backward where they have no gradient; `pack_micro_batches`, fill each
-        step's micro-batches by tokens (grpo_cli/train/micro_batches.py; each said once where it cannot be)."""
+        step's micro-batches by tokens (grpo_cli/train/micro_batches.py; each said once where it cannot be);
+        `packed_forward`, train each micro-batch without its padding, each prompt once (grpo_cli/engine/packed.py;
+        its attention calls served inside `grpo_cli.engine.attention.packed_attention`)."""
         # set first: GRPOTrainer's constructor may already call into the methods that read them
         self.dynamic_sampler = dynamic_sampler
         self.after_scoring = list(after_scoring or [])
@@ -74,6 +78,9 @@ class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
             logger.warning("pack_micro_batches: every micro-batch runs, with at most per_device_train_batch_size "
                            "completions (%s)", why)
         self.pack_micro_batches = pack_micro_batches and why is None
+        self.packer = PackedForward(self.model) if packed_forward else None
+        if self.packer is not None and not self.packer.stacks:
+            logger.warning("packed_forward: the model has no decoder layers it knows, so micro-batches run padded")
 
     def regroup(self, micro_batches):
         if not (self.skip_zero_advantage or self.pack_micro_batches):
@@ -88,6 +95,7 @@ class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
             every_micro_batch=every,
             processes=self.accelerator if self.accelerator.num_processes > 1 else None,
             pad_to_multiple_of=self.pad_to_multiple_of,
+            by_prompt=self.packer is not None,
         )
         self.rows_left_out = left_out if self.skip_zero_advantage else None
         ran = sum(1 for batch in micro_batches if batch["advantages"].size(0))
@@ -95,6 +103,13 @@ class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
         return micro_batches
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.packer is not None:  # the decoder's training forward of this micro-batch: its prompts' columns
+            with self.packer.prompts(inputs["prompt_ids"].size(1)):
+                return self._scaled_loss(model, inputs, return_outputs, num_items_in_batch)
+        return self._scaled_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def _scaled_loss(self, model, inputs, return_outputs, num_items_in_batch):
+        """TRL's loss of a micro-batch, times its regrouped rows' factor where it has one."""
         if LOSS_SCALE not in inputs:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         inputs = dict(inputs)  # a buffered micro-batch trains again with more iterations
@@ -175,6 +190,7 @@ def run_rl(recipe: Recipe, resume: bool = True, overwrite: bool = False) -> Path
                 after_scoring=after_scoring,
                 skip_zero_advantage=recipe.sampling.skip_zero_advantage,
                 pack_micro_batches=recipe.sampling.pack_micro_batches,
+                packed_forward=recipe.kernels.packed_forward,
                 step_guard=run.guard,
                 master_weights=recipe.health.master_weights,
                 master_weights_rounding=recipe.health.master_weights_rounding,

@@ -10,7 +10,7 @@ from typing import Self
 
 from grpo_cli.atomic import is_disk_full, json_text, readable_tree, replace_folder, write_text
 from grpo_cli.console import console, escape
-from grpo_cli.engine.attention import cudnn_attention, flash_attention
+from grpo_cli.engine.attention import cudnn_attention, flash_attention, packed_attention
 from grpo_cli.engine.lm_head import lean_lm_head
 from grpo_cli.engine.lora import fused_lora
 from grpo_cli.errors import UserError
@@ -91,6 +91,8 @@ class TrainingRun:
             self.switches.enter_context(fused_lora())  # for every PEFT LoRA layer of this process
         if recipe.kernels.flash_attention:
             self.switches.enter_context(flash_attention())  # for every SDPA attention layer of this process
+        if recipe.command == "rl" and recipe.kernels.packed_forward:
+            self.switches.enter_context(packed_attention())  # the packed forward's attention calls (RLTrainer)
         self.guard = None
         if health.nonfinite_guard:
             advice = stability_advice(recipe.resolved())
