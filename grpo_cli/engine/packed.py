@@ -104,15 +104,11 @@ def plan(input_ids, attention_mask, prompt_width: int, flash: bool = False) -> t
     prompt_lengths, completion_lengths, group_of_row = facts[0], facts[1], facts[2]
 
     # groups in the order of their first row; each group's sequences: its prompt, then its rows' completions
-    order, first_row, seen = [], [], {}
+    members_of: dict[int, list[int]] = {}
     for row, group in enumerate(group_of_row.tolist()):
-        if group not in seen:
-            seen[group] = len(first_row)
-            first_row.append(row)
-            order.append([])
-        order[seen[group]].append(row)
+        members_of.setdefault(group, []).append(row)
     lengths, sources, kinds = [], [], []  # per sequence: length, start in the flattened batch, -1 prompt / row
-    for members in order:
+    for members in members_of.values():
         lead = members[0]
         p = int(prompt_lengths[lead])
         lengths.append(p)
