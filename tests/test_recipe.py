@@ -498,6 +498,10 @@ def test_the_plan_says_whether_zero_advantage_completions_are_trained_and_why(tm
     assert "(the entropy bonus is a mean" in micro_batch_line({**on, "entropy_coef": 0.01})
     assert "steps_per_generation is not a multiple" in micro_batch_line({**on, "steps_per_generation": 6})
     assert micro_batch_line({**on, "steps_per_generation": 8}) == packed
+    # with packed_forward, each prompt's completions together, each micro-batch without its padding
+    assert micro_batch_line({**on, "packed_forward": True}) == packed.replace("longest first", "prompt by prompt") + (
+        "; each without its padding, a prompt once for its completions there (packed_forward)"
+    )
     assert micro_batch_line({**on, "pack_micro_batches": False, "skip_zero_advantage": False}) == (
         "4 a step, of 16 completions"
     )

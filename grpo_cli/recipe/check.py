@@ -405,7 +405,7 @@ ROW_KEYS = {
     "rollouts": ("rollout_engine",),
     "algorithm": ("loss_type", "beta", "learning_rate", "lr_scheduler_type"),
     "zero advantage": ("skip_zero_advantage", "beta", "loss_type"),
-    "micro-batches": ("pack_micro_batches", "per_device_train_batch_size", "gradient_accumulation_steps"),
+    "micro-batches": ("pack_micro_batches", "per_device_train_batch_size", "gradient_accumulation_steps", "packed_forward"),
     "dynamic sampling": ("dynamic_sampling", "dynamic_sampling_max_rounds"),
     "sequence length": ("max_length",),
     "steps": ("max_steps", "num_train_epochs"),
@@ -442,7 +442,15 @@ def zero_advantage_line(values: dict) -> str:
 
 
 def micro_batch_line(values: dict, accelerate_config: dict | None = None) -> str:
-    """How a step's completions are laid out in micro-batches, in one line (grpo_cli/train/micro_batches.py)."""
+    """How a step's completions are laid out in micro-batches, in one line (grpo_cli/train/micro_batches.py), and
+    with `packed_forward`, how each is trained (grpo_cli/engine/packed.py)."""
+    line = _micro_batches(values, accelerate_config)
+    if values.get("packed_forward"):
+        line += "; each without its padding, a prompt once for its completions there (packed_forward)"
+    return line
+
+
+def _micro_batches(values: dict, accelerate_config: dict | None) -> str:
     rows = values.get("per_device_train_batch_size")
     accumulation = values.get("gradient_accumulation_steps") or 1
     if accumulation == 1:
@@ -454,7 +462,8 @@ def micro_batch_line(values: dict, accelerate_config: dict | None = None) -> str
     leave_out = values.get("skip_zero_advantage") and not zero_advantage_trained(values)
     emptied = "the emptied ones run no forward/backward"
     if why is None and pack:
-        return (f"up to {accumulation} a step, filled longest first with as many completions as fit the tokens of "
+        order = "prompt by prompt" if values.get("packed_forward") else "longest first"
+        return (f"up to {accumulation} a step, filled {order} with as many completions as fit the tokens of "
                 f"{rows} at the step's longest; {emptied}")
     if why is None:
         return f"up to {accumulation} a step, of {rows} completions; {emptied}" if leave_out else \
