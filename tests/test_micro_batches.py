@@ -216,12 +216,14 @@ class Regrouped:
         from grpo_cli.train import rl
 
         self.sizes: list[list[int]] = []
-        sizes = self.sizes
+        self.packed: list[int | None] = []  # with `packed_forward`: the forwards packed before each regrouping
+        sizes, packed = self.sizes, self.packed
 
         class Regrouping(rl.RLTrainer):
             def regroup(self, micro_batches):
                 micro_batches = super().regroup(micro_batches)
                 sizes.append([batch["advantages"].size(0) for batch in micro_batches])
+                packed.append(self.packer.packed if self.packer is not None else None)
                 return micro_batches
 
         self.trainer = Regrouping
@@ -273,13 +275,18 @@ def test_a_run_packs_short_completions_into_fewer_micro_batches_and_learns_as_wi
     plain, trained = run(four + "skip_zero_advantage: false\npack_micro_batches: false\n", "trl")
     lengths = [batch["completion_mask"].sum(dim=1).tolist() for batch in trained]
     assert any(len(set(step)) > 2 for step in lengths), lengths  # completions of several lengths
-    packed_logs, plain_logs = history(packed), history(plain)
-    assert len(packed_logs) == len(plain_logs) == 2
-    for a, b in zip(packed_logs, plain_logs):
-        assert a["reward"] == b["reward"]
+    # and each micro-batch without its padding, a prompt once for its completions there (`packed_forward`)
+    without_padding, _ = run(four + "packed_forward: true\n", "packed-forward")
+    packed_logs, plain_logs, forward_logs = history(packed), history(plain), history(without_padding)
+    assert len(packed_logs) == len(plain_logs) == len(forward_logs) == 2
+    for a, b, c in zip(packed_logs, plain_logs, forward_logs):
+        assert a["reward"] == b["reward"] == c["reward"]
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6, abs=1e-7)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6, abs=1e-9)
-    assert recorded.sizes[2:] == [[2, 2, 2, 2]] * 2  # TRL's
+        assert c["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7)
+        assert c["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5, abs=1e-9)
+    assert recorded.sizes[2:4] == [[2, 2, 2, 2]] * 2  # TRL's
+    assert recorded.packed[:4] == [None] * 4 and recorded.packed[5] == sum(map(bool, recorded.sizes[4]))
     assert all(sum(step) == 8 and step[-1] > 0 for step in recorded.sizes[:2])
     assert any(step[0] == 0 and max(step) > 2 for step in recorded.sizes[:2]), recorded.sizes
     assert [e["micro_batches_run"] for e in packed_logs] == [sum(map(bool, s)) for s in recorded.sizes[:2]]

@@ -67,6 +67,7 @@ class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
         self.dynamic_sampler = dynamic_sampler
         self.after_scoring = list(after_scoring or [])
         self.skip_zero_advantage = self.pack_micro_batches = False
+        self.packer = None
         super().__init__(*args, **kwargs)
         reason = cannot_skip(self) if skip_zero_advantage else None
         if reason:
@@ -83,7 +84,7 @@ class RLTrainer(GuardedSteps, MasterWeightsSteps, BatchSteps, GRPOTrainer):
             logger.warning("packed_forward: the model has no decoder layers it knows, so micro-batches run padded")
 
     def regroup(self, micro_batches):
-        if not (self.skip_zero_advantage or self.pack_micro_batches):
+        if not (self.skip_zero_advantage or self.pack_micro_batches or self.packer is not None):
             return micro_batches
         group, every, _ = self.regrouping
         micro_batches, left_out = regroup(
