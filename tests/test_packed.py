@@ -243,3 +243,14 @@ def test_each_sequences_keys_are_those_its_mask_lets_its_last_query_see():
         keys = laid_out.keys[key_starts[i] : key_starts[i + 1]].tolist()
         assert keys == allowed[last].nonzero().flatten().tolist()
         assert laid_out.max_keys >= len(keys) and laid_out.max_queries >= starts[i + 1] - starts[i]
+
+
+def test_an_sft_recipe_with_packed_forward_is_refused(tmp_path):
+    from grpo_cli.errors import UserError
+    from grpo_cli.recipe.check import check_recipe
+    from grpo_cli.recipe.load import load_recipe
+
+    base = ["--model_name_or_path", "Qwen/Qwen2.5-0.5B-Instruct", "--output_dir", str(tmp_path / "out")]
+    with pytest.raises(UserError, match=r"`packed_forward` lays out GRPO's prompts and completions: it is for `grpo rl`"):
+        check_recipe(load_recipe(None, [*base, "--packed_forward", "true"], "sft"))
+    check_recipe(load_recipe(None, [*base, "--packed_forward", "true", "--task", "countdown"], "rl"))

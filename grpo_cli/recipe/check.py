@@ -211,6 +211,12 @@ def _value_problems(recipe: Recipe) -> list[Problem]:
             "`num_train_epochs` is 0 and `max_steps` -1 (train by epochs): the run would train no step - set "
             "`max_steps` or `num_train_epochs` above 0",
         ))
+    if recipe.command == "sft" and recipe.values.get("packed_forward"):
+        problems.append(Problem(
+            "packed_forward",
+            "`packed_forward` lays out GRPO's prompts and completions: it is for `grpo rl`, and `grpo sft` has "
+            "no use for it - drop it from this recipe",
+        ))
     checkpoint_problem = _checkpoint_kwargs_problem(recipe.values.get("gradient_checkpointing_kwargs"))
     if checkpoint_problem:
         problems.append(Problem("gradient_checkpointing_kwargs", checkpoint_problem))
