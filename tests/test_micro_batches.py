@@ -275,18 +275,13 @@ def test_a_run_packs_short_completions_into_fewer_micro_batches_and_learns_as_wi
     plain, trained = run(four + "skip_zero_advantage: false\npack_micro_batches: false\n", "trl")
     lengths = [batch["completion_mask"].sum(dim=1).tolist() for batch in trained]
     assert any(len(set(step)) > 2 for step in lengths), lengths  # completions of several lengths
-    # and each micro-batch without its padding, a prompt once for its completions there (`packed_forward`)
-    without_padding, _ = run(four + "packed_forward: true\n", "packed-forward")
-    packed_logs, plain_logs, forward_logs = history(packed), history(plain), history(without_padding)
-    assert len(packed_logs) == len(plain_logs) == len(forward_logs) == 2
-    for a, b, c in zip(packed_logs, plain_logs, forward_logs):
-        assert a["reward"] == b["reward"] == c["reward"]
+    packed_logs, plain_logs = history(packed), history(plain)
+    assert len(packed_logs) == len(plain_logs) == 2
+    for a, b in zip(packed_logs, plain_logs):
+        assert a["reward"] == b["reward"]
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6, abs=1e-7)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6, abs=1e-9)
-        assert c["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7)
-        assert c["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5, abs=1e-9)
-    assert recorded.sizes[2:4] == [[2, 2, 2, 2]] * 2  # TRL's
-    assert recorded.packed[:4] == [None] * 4 and recorded.packed[5] == sum(map(bool, recorded.sizes[4]))
+    assert recorded.sizes[2:] == [[2, 2, 2, 2]] * 2  # TRL's
     assert all(sum(step) == 8 and step[-1] > 0 for step in recorded.sizes[:2])
     assert any(step[0] == 0 and max(step) > 2 for step in recorded.sizes[:2]), recorded.sizes
     assert [e["micro_batches_run"] for e in packed_logs] == [sum(map(bool, s)) for s in recorded.sizes[:2]]
@@ -303,15 +298,24 @@ def test_a_run_leaves_flat_groups_out_and_learns_as_without(tmp_path, tiny_model
     on, trained = recorded.train(recipe(tmp_path, tiny_model_dir, "by_target", two, "on", 4, batch=4))
     as_trl = two + "skip_zero_advantage: false\npack_micro_batches: false\n"  # TRL's own micro-batches
     off, _ = recorded.train(recipe(tmp_path, tiny_model_dir, "by_target", as_trl, "off", 4, 4))
-    regrouped = recorded.sizes
-    on_logs, off_logs = history(on), history(off)
-    assert len(on_logs) == len(off_logs) == 4
-    for a, b in zip(on_logs, off_logs):
-        assert a["reward"] == b["reward"]
+    # and each micro-batch without its padding, a prompt once for its completions there (`packed_forward`)
+    packed, _ = recorded.train(recipe(tmp_path, tiny_model_dir, "by_target", two + "packed_forward: true\n", "pf", 4, 4))
+    regrouped = recorded.sizes[:8]
+    on_logs, off_logs, packed_logs = history(on), history(off), history(packed)
+    assert len(on_logs) == len(off_logs) == len(packed_logs) == 4
+    for a, b, c in zip(on_logs, off_logs, packed_logs):
+        assert a["reward"] == b["reward"] == c["reward"]
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6, abs=1e-7)  # losses near 0: sums of +-advantages
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6, abs=1e-9)
+        assert c["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7)
+        assert c["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5, abs=1e-9)
+    # every micro-batch it trained went through the packed forward (counted before each step's regrouping)
+    assert recorded.packed[:8] == [None] * 8 and recorded.packed[9:] == [
+        sum(map(bool, sizes_)) + before for sizes_, before in zip(recorded.sizes[8:11], recorded.packed[8:11])
+    ]
+    assert recorded.packed[-1] > 0
     signal = [int((batch["advantages"] != 0).sum()) for batch in trained]
-    assert len(regrouped) == 8 and regrouped[4:] == [[4, 4]] * 4  # the run without the skip: as TRL splits them
+    assert regrouped[4:] == [[4, 4]] * 4  # the run without the skip: as TRL splits them
     for sizes_, n in zip(regrouped[:4], signal):  # the rows with signal (at least one), the step's last one trained
         assert sum(sizes_) == max(n, 1) and sizes_[-1] > 0 and (sizes_[0] == 0 or n > 4)
     assert any(0 < n <= 4 for n in signal)  # the comparison covers a step with a micro-batch left out
