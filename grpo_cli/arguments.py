@@ -193,7 +193,7 @@ class KernelArguments:
         metadata={
             "help": "`grpo rl`: train each micro-batch without its padding, each prompt computed once for the "
             "completions that share it (grpo_cli/engine/packed.py); the same logits and gradients. Its attention "
-            "runs through FlashAttention on a GPU, through SDPA with a mask elsewhere."
+            "runs through FlashAttention on a GPU, through SDPA with a mask on the CPU."
         },
     )
 

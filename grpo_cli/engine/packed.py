@@ -10,13 +10,14 @@ embeddings are the same numbers), and the decoder's output is laid back out as t
 states copied into every row that holds it (their gradients summed in the backward). TRL's LM head, log-probs and
 loss then run on it as they do; padding positions get zeros, which no loss reads.
 
-The attention of the packed sequence goes through FlashAttention's variable-length kernel on a GPU that has it: one
-sequence of queries per prompt and per completion, against the prompt's keys and values gathered before each
-completion's (the kernel's causal mask aligns a sequence's last query with its last key). Elsewhere (the CPU, a GPU
-without the kernel, attention dropout) it goes through SDPA with the equivalent mask over the packed sequence.
+The attention of the packed sequence goes through FlashAttention's variable-length kernel on a GPU: one sequence of
+queries per prompt and per completion, against the prompt's keys and values gathered before each completion's (the
+kernel's causal mask aligns a sequence's last query with its last key). On the CPU (and with attention dropout) it
+goes through SDPA with the equivalent mask over the packed sequence.
 
 A batch it cannot lay out (a row whose tokens are not one stretch from its prompt into its completion, a KV cache,
-embeddings given instead of token ids, another attention implementation) runs as it is, said once.
+embeddings given instead of token ids, another attention implementation, a GPU without FlashAttention for the model's
+heads and dtype) runs as it is, said once.
 """
 
 from __future__ import annotations
@@ -222,7 +223,7 @@ class PackedForward:
         finally:
             self.width = None
 
-    def _why_not(self, stack, input_ids, attention_mask, kwargs) -> str | None:
+    def _why_not(self, stack, input_ids, attention_mask, position_ids, kwargs) -> str | None:
         import torch
 
         from grpo_cli.engine.attention import packed_attention_entered
@@ -239,6 +240,8 @@ class PackedForward:
             return f"attention layers other than full attention ({', '.join(sorted(kinds - {'full_attention'}))})"
         if input_ids is None or attention_mask is None or attention_mask.dim() != 2:
             return "no token ids and 2D mask"
+        if position_ids is not None:
+            return "position ids given with the batch"
         given = {key for key, value in kwargs.items() if value is not None}
         if given & {"past_key_values", "cache"}:
             return "a KV cache"
@@ -248,10 +251,14 @@ class PackedForward:
 
     def _wrapped(self, stack, forward):
         def packed_forward(input_ids=None, attention_mask=None, position_ids=None, **kwargs):
-            why = self._why_not(stack, input_ids, attention_mask, kwargs) if position_ids is None else ""
+            why = self._why_not(stack, input_ids, attention_mask, position_ids, kwargs)
             plan_ = None
             if why is None:
-                plan_, why = plan(input_ids, attention_mask, self.width, flash=_flash_for(stack, input_ids))
+                flash = _flash_for(stack, input_ids)
+                if input_ids.is_cuda and not flash:  # SDPA's padded kernels serve a GPU better than a dense mask
+                    why = "no FlashAttention kernel for this model's attention on this GPU"
+                else:
+                    plan_, why = plan(input_ids, attention_mask, self.width, flash=flash)
             if plan_ is None:
                 if why:
                     self.said.warning(logger, why, "packed_forward: a micro-batch ran padded (%s)", why)
