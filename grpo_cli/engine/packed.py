@@ -12,12 +12,12 @@ loss then run on it as they do; padding positions get zeros, which no loss reads
 
 The attention of the packed sequence goes through FlashAttention's variable-length kernel on a GPU: one sequence of
 queries per prompt and per completion, against the prompt's keys and values gathered before each completion's (the
-kernel's causal mask aligns a sequence's last query with its last key). On the CPU (and with attention dropout) it
-goes through SDPA with the equivalent mask over the packed sequence.
+kernel's causal mask aligns a sequence's last query with its last key). On the CPU it goes through SDPA with the
+equivalent mask over the packed sequence.
 
 A batch it cannot lay out (a row whose tokens are not one stretch from its prompt into its completion, a KV cache,
 embeddings given instead of token ids, another attention implementation, a GPU without FlashAttention for the model's
-heads and dtype) runs as it is, said once.
+heads and dtype, attention dropout on a GPU) runs as it is, said once.
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def packed_attention(query, key, value, plan: Plan, scaling, dropout: float, sdp
     function, for the path without FlashAttention."""
     from grpo_cli.engine.attention import flash_varlen
 
-    if plan.flash and not dropout and query.is_cuda:
+    if plan.flash and not dropout:
         q = query[0].transpose(0, 1)
         k = key[0].transpose(0, 1).index_select(0, plan.keys)
         v = value[0].transpose(0, 1).index_select(0, plan.keys)
@@ -254,9 +254,9 @@ class PackedForward:
             why = self._why_not(stack, input_ids, attention_mask, position_ids, kwargs)
             plan_ = None
             if why is None:
-                flash = _flash_for(stack, input_ids)
+                flash = _flash_for(stack, input_ids) and not getattr(stack.config, "attention_dropout", 0.0)
                 if input_ids.is_cuda and not flash:  # SDPA's padded kernels serve a GPU better than a dense mask
-                    why = "no FlashAttention kernel for this model's attention on this GPU"
+                    why = "no FlashAttention kernel for this model's attention (or its attention dropout) on this GPU"
                 else:
                     plan_, why = plan(input_ids, attention_mask, self.width, flash=flash)
             if plan_ is None:
@@ -288,8 +288,6 @@ class PackedForward:
 def _flash_for(stack, input_ids) -> bool:
     """Whether FlashAttention's variable-length kernel trains the stack's attention here."""
     from grpo_cli.engine.attention import _flash_runs
+    from grpo_cli.engine.rollout import head_size
 
-    config = stack.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    dtype = next(stack.parameters()).dtype
-    return _flash_runs(input_ids.device, dtype, head_dim)
+    return _flash_runs(input_ids.device, next(stack.parameters()).dtype, head_size(stack.config))

@@ -526,11 +526,16 @@ class _GraphSteps:
         return logits
 
 
+def head_size(config) -> int:
+    """The size of one attention head's vectors, from a decoder's config."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def cache_width(config) -> int:
     """Values one token keeps in one layer's KV cache: its keys and values, one vector per key/value head."""
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    return 2 * kv_heads * (getattr(config, "head_dim", None) or config.hidden_size // heads)
+    return 2 * kv_heads * head_size(config)
 
 
 def row_bytes(model, prompt_len: int, max_new_tokens: int) -> int:
