@@ -83,6 +83,14 @@ def _spans(starts, lengths):
     return torch.repeat_interleave(starts - offsets, lengths) + torch.arange(total)
 
 
+def prompt_groups(prompt_ids, prompt_mask):
+    """For each row of a batch's prompts (padded: `prompt_mask` 0 there), the index of its prompt among the distinct
+    ones: rows with the same tokens share one."""
+    import torch
+
+    return torch.unique(torch.where(prompt_mask.bool(), prompt_ids, -1), dim=0, return_inverse=True)[1]
+
+
 def plan(input_ids, attention_mask, prompt_width: int, flash: bool = False) -> tuple[Plan | None, str]:
     """The packed layout of a padded batch whose first `prompt_width` columns are the prompts (padded on the left)
     and the rest the completions (padded on the right), or (None, why) where its rows are not laid out so."""
@@ -96,8 +104,7 @@ def plan(input_ids, attention_mask, prompt_width: int, flash: bool = False) -> t
     completion_lengths = mask[:, prompt_width:].sum(dim=1)
     column = torch.arange(columns, device=mask.device)
     expected = (column >= prompt_width - prompt_lengths[:, None]) & (column < prompt_width + completion_lengths[:, None])
-    prompts = torch.where(mask[:, :prompt_width], input_ids[:, :prompt_width], -1)
-    _, group_of_row = torch.unique(prompts, dim=0, return_inverse=True)
+    group_of_row = prompt_groups(input_ids[:, :prompt_width], mask[:, :prompt_width])
     laid_out = (mask == expected).all()
     facts = torch.stack([prompt_lengths, completion_lengths, group_of_row]).cpu()  # the one wait for the GPU
     if not bool(laid_out):

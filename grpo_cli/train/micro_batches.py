@@ -147,10 +147,10 @@ def _width(length: int, pad_to_multiple_of: int | None) -> int:
 
 def _packed_sizes(step: dict, lengths, rows: int, processes, pad_to_multiple_of: int | None) -> list[int]:
     """How many of a step's rows (their completion `lengths`, in the order they train) each packed micro-batch takes:
-    as many as fit the tokens of the micro-batch GRPOTrainer cut (`rows` rows at the step's prompt and completion
-    widths) at the width of its widest row,
-    and never fewer than `rows`, so no more micro-batches than the step has. Under several processes the plan is
-    made from every process's lengths (the widest at each place, the smallest budget), so all take the same."""
+    as many as fit, at the width of its widest row, the tokens of the micro-batch GRPOTrainer cut (`rows` rows at the
+    step's prompt and completion widths), and never fewer than `rows`, so no more micro-batches than the step has.
+    Under several processes the plan is made from every process's lengths (the widest at each place, the smallest
+    budget), so all take the same."""
     import torch
 
     prompt = step["prompt_ids"].size(1)
@@ -178,8 +178,9 @@ def _by_prompt(step: dict, keep):
     row."""
     import torch
 
-    prompts = torch.cat([step["prompt_ids"], step["prompt_mask"]], dim=1)[keep]
-    _, group = torch.unique(prompts, dim=0, return_inverse=True)
+    from grpo_cli.engine.packed import prompt_groups
+
+    group = prompt_groups(step["prompt_ids"][keep], step["prompt_mask"][keep])
     place = torch.arange(len(keep), device=keep.device)
     first = torch.full((int(group.max()) + 1,), len(keep), device=keep.device, dtype=place.dtype)
     first = first.scatter_reduce(0, group, place, reduce="amin")
