@@ -62,6 +62,8 @@ def run_shape(entry: dict) -> RunShape:
         gradient_checkpointing=overrides.get("gradient_checkpointing", True),
         activation_offloading=bool(offload),
         flash_attention=bool(resolved.get("flash_attention", overrides.get("flash_attention"))),
+        packed_forward=bool(resolved.get("packed_forward", overrides.get("packed_forward"))),
+        generations=GENERATIONS,
         zero_stage={"zero2": 2, "zero3": 3}.get(entry.get("accelerate"), 0),
         grpo_sampler=overrides.get("cache_implementation", "static") == "static",
         master_weights=bool(entry.get("master_weights")),  # absent: measured before full fine-tuning had them

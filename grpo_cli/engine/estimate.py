@@ -53,6 +53,13 @@ ZERO3_TRAIN_FACTOR = 2.2
 # saves, per causal attention FLOP of one forward pass, in units of the card's dense bf16 time (fitted to the 3B and
 # 7B A/B at 1024 tokens on one H100: 1.97 and 2.39 s).
 FLASH_ATTENTION_SAVING = 70.0
+# Fitted at 1024 tokens only, where it takes 17% (7B) and 25% (3B) off the forward/backward: at other lengths it takes
+# a quarter at most (the constants above grow linearly with the tokens, the attention's FLOPs quadratically).
+FLASH_ATTENTION_MAX_SHARE = 0.25
+# `packed_forward`: a micro-batch's forward/backward without its padding, each prompt computed once for the
+# completions that share it, trains fewer tokens; each layer of each micro-batch then costs this much more (laying the
+# batch out, gathering each completion's prompt keys), fitted to the A/Bs at 3B/1024, 7B/512 and 7B/1024 on one H100.
+PACKED_LAYER_S = 1.5e-3
 
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Projections that read the same input tensor.
@@ -161,6 +168,8 @@ class RunShape:
     gradient_checkpointing: bool = True
     activation_offloading: bool = False
     flash_attention: bool = False  # `flash_attention`: the forward/backward's attention through FlashAttention
+    packed_forward: bool = False  # `packed_forward`: each prompt trained once for its completions in a micro-batch
+    generations: int = 8  # completions per prompt (num_generations)
     zero_stage: int = 0  # DeepSpeed ZeRO stage; 0 without DeepSpeed
     processes: int = 1
     grpo_sampler: bool = True  # False: TRL's generate (no stacked copy, no CUDA graphs)
@@ -261,6 +270,15 @@ def estimate(shape: ModelShape, run: RunShape, card: Card | None = None) -> Esti
     return result
 
 
+def trained_tokens(run: RunShape) -> float:
+    """The tokens a completion's row puts through the forward/backward: its prompt and completion padded to the
+    longest; with `packed_forward`, its completion and its share of a prompt computed once for the completions of
+    that prompt in its micro-batch."""
+    if not run.packed_forward:
+        return run.prompt_tokens + run.completion_tokens
+    return run.completion_tokens + run.prompt_tokens / max(1, min(run.micro_batch, run.generations))
+
+
 def _lora_inputs(shape: ModelShape, run: RunShape) -> dict[str, int]:
     """The input size of each projection LoRA targets in a layer."""
     sizes = shape.projection_sizes()
@@ -280,19 +298,22 @@ def _seconds(shape: ModelShape, run: RunShape, card: Card, params: int, adapter:
     generation = decode * run.completion_tokens
     # forward 2, backward 4 (2 with LoRA: no weight gradients of the base), recomputation 2 per parameter and token
     factor = 2 + (2 if adapter else 4) + (2 if run.gradient_checkpointing else 0)
-    flops = factor * params * run.rollout_rows * tokens
+    trained = trained_tokens(run)
+    flops = factor * params * run.rollout_rows * trained
     train = flops / (card.bf16_tflops * 1e12 * TRAIN_FLOPS_SHARE)
-    train += run.rollout_rows * tokens * shape.layers * TRAIN_TOKEN_LAYER_S
+    train += run.rollout_rows * trained * shape.layers * TRAIN_TOKEN_LAYER_S
     micro_batches = -(-run.rollout_rows // max(1, run.micro_batch))
     train = micro_batches * max(train / micro_batches, shape.layers * TRAIN_LAUNCH_LAYER_S)
     if adapter:  # each LoRA projection's own kernels, launched one by one from Python in every micro-batch
         targeted = _lora_inputs(shape, run)
         train += micro_batches * shape.layers * TRAIN_LORA_LAYER_S * len(targeted) / len(LINEAR_NAMES)
         saved = (LORA_FLOAT32_BYTES if run.fused_lora else 0) + (0 if run.lora_dropout else LORA_DROPOUT_BYTES)
-        elements = run.rollout_rows * tokens * shape.layers * sum(targeted.values())
+        elements = run.rollout_rows * trained * shape.layers * sum(targeted.values())
         train -= elements * saved / (card.bandwidth_gb_s * 1e9 * DECODE_BANDWIDTH_SHARE)
+    if run.packed_forward:
+        train += micro_batches * shape.layers * PACKED_LAYER_S
     train *= ZERO3_TRAIN_FACTOR if run.zero_stage == 3 else 1
     if run.flash_attention:  # a causal forward: two products of each row's tokens with the earlier ones, per head
         attention = 2 * run.rollout_rows * tokens**2 * shape.heads * shape.head_dim * shape.layers
-        train -= FLASH_ATTENTION_SAVING * attention / (card.bf16_tflops * 1e12)
+        train -= min(FLASH_ATTENTION_SAVING * attention / (card.bf16_tflops * 1e12), FLASH_ATTENTION_MAX_SHARE * train)
     return generation, train
