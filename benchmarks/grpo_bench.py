@@ -135,8 +135,10 @@ CONFIGS = {
     "grpo-lora16-mb8-cudnn": ("grpo", {"micro_batch": 8, "lora": LORA16, "cudnn_attention": True}),
     # SDPA with the padding mask (its memory-efficient kernel) instead of FlashAttention's variable-length kernel
     "grpo-lora16-sdpa": ("grpo", {"micro_batch": "recipe", "lora": LORA16, "flash_attention": False}),
-    # each micro-batch without its padding, each prompt once for its completions there (its rows grouped by prompt)
+    # each micro-batch without its padding, each prompt once for its completions there (its rows grouped by prompt),
+    # and the padded batch (`packed_forward` is a GPU default where `grpo check`'s estimate says it pays)
     "grpo-lora16-packed": ("grpo", {"micro_batch": "recipe", "lora": LORA16, "packed_forward": True}),
+    "grpo-lora16-padded": ("grpo", {"micro_batch": "recipe", "lora": LORA16, "packed_forward": False}),
     "grpo-lora16-mb8-no-guard": ("grpo", {"micro_batch": 8, "lora": LORA16, "nonfinite_guard": False}),
     # no recomputed forward: where the memory allows it (7B at 512 tokens: 54 GiB predicted in micro-batches of 4)
     "grpo-lora16-no-gc-mb4": ("grpo", {"micro_batch": 4, "lora": LORA16, "gradient_checkpointing": False}),

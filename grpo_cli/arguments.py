@@ -191,9 +191,9 @@ class KernelArguments:
     packed_forward: bool = field(
         default=False,
         metadata={
-            "help": "`grpo rl`: train each micro-batch without its padding, each prompt computed once for the "
-            "completions that share it (grpo_cli/engine/packed.py); the same logits and gradients. Its attention "
-            "runs through FlashAttention on a GPU, through SDPA with a mask on the CPU."
+            "help": "`grpo rl`: train each micro-batch without its padding, each prompt once for the completions "
+            "that share it (grpo_cli/engine/packed.py); the same logits and gradients. On by default on one GPU where "
+            "`grpo check`'s estimate says it shortens the step (large models)."
         },
     )
 

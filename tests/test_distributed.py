@@ -73,8 +73,9 @@ def test_two_processes_train_like_one_and_sample_alike_under_ddp_and_zero3(tmp_p
     """Two DDP processes keep one console, one rollouts file and the one process's step count. With grpo's sampler,
     each process sampling its own prompts, two ZeRO-3 processes (the weights and adapters gathered from two shards)
     give the same completions and rewards as DDP, step for step. Against one process of the same seed each step
-    trains on the same prompts; the completions differ, as each process draws from its own random stream."""
-    lora = "use_peft: true\nlora_r: 4\ngradient_checkpointing_kwargs: {use_reentrant: true}\n"
+    trains on the same prompts; the completions differ, as each process draws from its own random stream. The ZeRO-3
+    processes train with `packed_forward` (the same gradients as DDP's padded batches: no dropout to draw apart)."""
+    lora = "use_peft: true\nlora_r: 4\nlora_dropout: 0.0\ngradient_checkpointing_kwargs: {use_reentrant: true}\n"
     # reentrant checkpointing (LoRA under ZeRO-3 needs it) with DDP needs DDP told that every parameter is used
     path = recipe_file(tmp_path, tiny_model_dir, "rl", lora + "ddp_find_unused_parameters: false\n" + SAMPLER)
     run = _launch_ddp(path)
@@ -93,7 +94,8 @@ def test_two_processes_train_like_one_and_sample_alike_under_ddp_and_zero3(tmp_p
     assert (out / "adapter_model.safetensors").is_file()
     assert len({r["rewards"]["vowel_share"] for r in ddp_rows}) > 1  # the rewards varied: the adapters moved
 
-    _launch_zero3(path, "--output_dir", str(tmp_path / "zero3"), processes=2)
+    zero3 = _launch_zero3(path, "--output_dir", str(tmp_path / "zero3"), "--packed_forward", "true", processes=2)
+    assert "ran padded" not in zero3.stderr
     assert same_rollouts(ddp_rows, rollouts(tmp_path / "zero3"))
     one = rollouts(train(path, "rl", ["--output_dir", str(tmp_path / "one"), "--per_device_train_batch_size", "8"]))
     for step in range(2):

@@ -255,3 +255,61 @@ def test_an_sft_recipe_with_packed_forward_is_refused(tmp_path):
     with pytest.raises(UserError, match=r"`packed_forward` lays out GRPO's prompts and completions: it is for `grpo rl`"):
         check_recipe(load_recipe(None, [*base, "--packed_forward", "true"], "sft"))
     check_recipe(load_recipe(None, [*base, "--packed_forward", "true", "--task", "countdown"], "rl"))
+
+
+QWEN_7B = {"hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+           "intermediate_size": 18944, "vocab_size": 152064, "model_type": "qwen2", "tie_word_embeddings": False}  # fmt: skip
+QWEN_05B = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+            "intermediate_size": 4864, "vocab_size": 151936, "model_type": "qwen2"}  # fmt: skip
+
+
+def test_packed_forward_is_a_gpu_default_where_the_estimate_says_it_shortens_the_step(tmp_path):
+    """At the 7B shape with LoRA and micro-batches of 8 (a prompt's completions in each), the prompts it computes once
+    outweigh what laying out each micro-batch costs; at 0.5B, whose micro-batches are bound by their launches, they do
+    not. Never where the recipe turns FlashAttention or the packing off, asks for another attention, under DeepSpeed,
+    on the CPU, or for `grpo sft`; `grpo check`'s estimate counts it as the run will have it."""
+    import json
+
+    from grpo_cli.engine.estimate import CARDS, ModelShape, RunShape, estimate, trained_tokens
+    from grpo_cli.recipe.hardware import Hardware, hardware_defaults
+    from grpo_cli.recipe.load import load_recipe
+    from grpo_cli.recipe.memory import run_shape
+
+    def model(name, config):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen2ForCausalLM"]}))
+        return str(folder)
+
+    big, small = model("7b", QWEN_7B), model("05b", QWEN_05B)
+    lora = {"use_peft": True, "lora_r": 16, "gradient_checkpointing": True, "per_device_train_batch_size": 8,
+            "gradient_accumulation_steps": 16, "num_generations": 8, "max_completion_length": 1024}  # fmt: skip
+    gpu = Hardware(gpu=True)
+    chosen, notes = hardware_defaults("rl", {**lora, "model_name_or_path": big}, gpu)
+    assert chosen["packed_forward"][0] is True, notes
+    assert chosen["packed_forward"][1].startswith("GPU: ") and "less forward/backward a step" in chosen["packed_forward"][1]
+    assert "packed_forward" not in hardware_defaults("rl", {**lora, "model_name_or_path": small}, gpu)[0]
+    for turned_off in ({"flash_attention": False}, {"attn_implementation": "eager"}, {"packed_forward": False},
+                       {"deepspeed": "zero3.json"}):  # fmt: skip
+        assert "packed_forward" not in hardware_defaults("rl", {**lora, "model_name_or_path": big, **turned_off}, gpu)[0]
+    assert "packed_forward" not in hardware_defaults("rl", {**lora, "model_name_or_path": big}, Hardware(gpu=False))[0]
+    assert "packed_forward" not in hardware_defaults("sft", {**lora, "model_name_or_path": big}, gpu)[0]
+
+    # the estimate: fewer tokens, each prompt once for the completions of it in a micro-batch, at a cost per layer
+    run = RunShape(micro_batch=8, rollout_rows=128, prompt_tokens=128, completion_tokens=1024, lora_rank=16,
+                   fused_lora=True, flash_attention=True)  # fmt: skip
+    packed = RunShape(**{**run.__dict__, "packed_forward": True})
+    assert trained_tokens(run) == 1152 and trained_tokens(packed) == 1024 + 128 / 8
+    for config, faster in ((QWEN_7B, True), (QWEN_05B, False)):
+        shape = ModelShape.of(config)
+        padded_s, packed_s = (estimate(shape, r, CARDS["H100-80GB"]).train_s for r in (run, packed))
+        assert (packed_s < padded_s) is faster, (config["hidden_size"], padded_s, packed_s)
+
+    # `grpo check` predicts the run as a GPU will resolve it, whatever machine checks it
+    recipe_args = [f"--{key}={value}" for key, value in {**lora, "model_name_or_path": big, "task": "countdown"}.items()]
+    cpu_loaded = load_recipe(None, recipe_args, "rl", hardware=Hardware(gpu=False))
+    assert run_shape(cpu_loaded, 1, None, ModelShape.of(QWEN_7B)).packed_forward is True
+    off = load_recipe(None, [*recipe_args, "--packed_forward=false"], "rl", hardware=Hardware(gpu=False))
+    assert run_shape(off, 1, None, ModelShape.of(QWEN_7B)).packed_forward is False
+    small_recipe = load_recipe(None, [*recipe_args, f"--model_name_or_path={small}"], "rl", hardware=Hardware(gpu=False))
+    assert run_shape(small_recipe, 1, None, ModelShape.of(QWEN_05B)).packed_forward is False

@@ -699,7 +699,7 @@ def test_reading_a_recipe_for_a_gpu_prepares_and_downloads_nothing(tmp_path, mon
               "per_device_train_batch_size": 64, "num_generations": 8}  # fmt: skip
     chosen, notes = hardware_defaults("rl", values, gpu)
     assert not (tmp_path / "cache").exists() and "activation_offloading" not in chosen
-    assert ("activation_offloading is left off: the demo model smollm2-135m-instruct is not prepared yet - "
-            "`grpo models prepare smollm2-135m-instruct` converts it") in notes  # fmt: skip
+    assert ("activation_offloading and packed_forward are left off: the demo model smollm2-135m-instruct is not "
+            "prepared yet - `grpo models prepare smollm2-135m-instruct` converts it") in notes  # fmt: skip
     chosen, notes = hardware_defaults("rl", {**values, "model_name_or_path": str(tiny_model_dir)}, gpu)
     assert chosen["activation_offloading"][0] is True and not [n for n in notes if "left off" in n]

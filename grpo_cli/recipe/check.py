@@ -396,7 +396,7 @@ def check_recipe(
 
 # Keys whose defaults depend on the machine (`grpo_cli.recipe.hardware`): the plan shows each with where it came from.
 MACHINE_KEYS = (
-    "bf16", "use_cpu", "dataloader_pin_memory", "use_liger_kernel", "fused_lora", "flash_attention",
+    "bf16", "use_cpu", "dataloader_pin_memory", "use_liger_kernel", "fused_lora", "flash_attention", "packed_forward",
     "activation_offloading", "lean_lm_head", "master_weights",
 )
 # The keys behind each row of the plan, for its `from` column.

@@ -208,9 +208,10 @@ def hardware_defaults(
     - A GPU: for `grpo rl`, the forward/backward's attention through FlashAttention's variable-length kernel
       (`flash_attention`, under DeepSpeed too), liger-kernel's fused RMSNorm, rotary and SwiGLU
       kernels where installed (GRPO steps measured faster at every micro-batch size tried), LoRA layers through
-      `fused_lora` where their weights are whole (`fuses_lora`), and
+      `fused_lora` where their weights are whole (`fuses_lora`),
       `activation_offloading` with `lean_lm_head` where the forward/backward rather than the rollout sets the peak
-      (`training_sets_the_peak`). Not under DeepSpeed or FSDP, which manage the memory of sharded weights.
+      (`training_sets_the_peak`), and `packed_forward` where the estimate says it shortens the step
+      (`packing_pays`). Not under DeepSpeed or FSDP, which manage the memory of sharded weights.
     """
     keys = schema.keys(command)
     chosen: dict[str, tuple[Any, str]] = {}
@@ -237,14 +238,20 @@ def hardware_defaults(
     default("flash_attention", True, "GPU")  # the attention does not depend on how the weights are held
     if values.get("deepspeed"):
         return chosen, notes
-    why = None
+    why = packs = None
     if not (hardware.sharded or values.get("fsdp")):
+        left_off = "activation_offloading and packed_forward are left off"
         try:
-            why = training_sets_the_peak(values, hardware, env or {})
+            config = _text_config(values, env or {})
         except UserError as err:
-            notes.append(f"activation_offloading is left off: {err}")
+            notes.append(f"{left_off}: {err}")
         except Exception as err:  # noqa: BLE001 - a config transformers cannot read: the run's loading says why
-            notes.append(f"activation_offloading is left off: the model's config could not be read ({err})")
+            notes.append(f"{left_off}: the model's config could not be read ({err})")
+        else:
+            why = training_sets_the_peak(values, hardware, config)
+            packs = packing_pays(values, hardware.processes, _shape(config))
+    if packs:
+        default("packed_forward", True, packs)
     if why:
         # LoRA does not train the LM head: nothing for the lean backward to save
         for key in ("activation_offloading",) if values.get("use_peft") else ("activation_offloading", "lean_lm_head"):
@@ -270,23 +277,75 @@ def generation_batch(values: dict, num_processes: int) -> int:
     return values.get("per_device_train_batch_size") * num_processes * steps
 
 
-def training_sets_the_peak(values: dict, hardware: Hardware, env: dict) -> str | None:
+def _text_config(values: dict, env: dict):
+    """The model's config (its text part for multimodal ones) from `grpo_cli.models.model_config`: nothing loaded,
+    converted or downloaded but config.json, under the recipe's `env:` (a Hub mirror, a cache folder); one that
+    cannot be read is a UserError."""
+    from grpo_cli.models import model_config
+
+    with _environment(env, values.get("model_source")):
+        config = model_config(
+            values["model_name_or_path"], values.get("model_revision"), bool(values.get("trust_remote_code"))
+        )
+    return getattr(config, "text_config", None) or config
+
+
+def _shape(config):
+    """The estimate's shape of a decoder's config; None for a config without its sizes."""
+    from grpo_cli.engine.estimate import ModelShape
+
+    shape = ModelShape.of(config)
+    return None if None in (shape.hidden, shape.layers, shape.heads, shape.head_dim, shape.intermediate) else shape
+
+
+# The prompt `packing_pays` assumes: the short end of Countdown's and GSM8K's chat prompts (100-250 tokens), since
+# the shorter the prompt the less `packed_forward` saves, and a default must not make a step longer.
+PACKING_PROMPT_TOKENS = 128
+
+
+def packing_pays(values: dict, processes: int, shape) -> str | None:
+    """Why `packed_forward` should shorten this run's steps on a GPU (None where it likely would not): in `grpo
+    check`'s estimate (grpo_cli.engine.estimate), the forward/backward's tokens it saves, each prompt computed once for
+    the completions that share it in a micro-batch, outweigh what laying out each micro-batch costs in every layer.
+    Large models with micro-batches holding several completions of a prompt gain; small ones, whose micro-batches are
+    bound by their kernels' launches, lose. Its GPU attention is FlashAttention's through transformers' SDPA
+    interface: not where `flash_attention` or another attention implementation is asked for."""
+    if shape is None or values.get("flash_attention") is False or values.get("attn_implementation") not in (None, "sdpa"):
+        return None  # (`flash_attention` unset: on, the GPU default)
+    values = {**{key: spec.get("default") for key, spec in schema.keys("rl").items()}, **values}
+    from dataclasses import replace
+
+    from grpo_cli.engine.estimate import CARDS, RunShape, estimate
+
+    run = RunShape(
+        micro_batch=values["per_device_train_batch_size"],
+        rollout_rows=generation_batch(values, processes) // processes,
+        prompt_tokens=PACKING_PROMPT_TOKENS,
+        completion_tokens=values["max_completion_length"],
+        lora_rank=(values.get("lora_r") or 16) if values.get("use_peft") else 0,
+        fused_lora=fuses_lora(values, Hardware(gpu=True, processes=processes)),
+        gradient_checkpointing=bool(values.get("gradient_checkpointing")),
+        flash_attention=True,
+        generations=values["num_generations"],
+    )
+    card = CARDS["H100-80GB"]  # the card its cost was measured on; slower cards gain more from fewer tokens
+    padded = estimate(shape, run, card).train_s
+    saved = padded - estimate(shape, replace(run, packed_forward=True), card).train_s
+    if saved < 0.02 * padded:  # within the estimate's error: not worth another path
+        return None
+    return f"GPU: {saved / padded:.0%} less forward/backward a step in grpo check's estimate"
+
+
+def training_sets_the_peak(values: dict, hardware: Hardware, config) -> str | None:
     """Why offloading layer inputs should lower this run's peak (None where it likely would not): gradient
     checkpointing is on and a micro-batch's layer inputs are a large share of the rollout's KV cache (half of it
-    with full fine-tuning, whose weight gradients add to the forward/backward's side; all of it with LoRA). Reads
-    the model's config (`grpo_cli.models.model_config`: nothing loaded, converted or downloaded but config.json),
-    under the recipe's `env:` (a Hub mirror, a cache folder); one that cannot be read is a UserError."""
+    with full fine-tuning, whose weight gradients add to the forward/backward's side; all of it with LoRA), from the
+    model's `config`."""
     values = {**{key: spec.get("default") for key, spec in schema.keys("rl").items()}, **values}
     if not values.get("gradient_checkpointing"):
         return None
     from grpo_cli.engine.offload import layer_input_share
-    from grpo_cli.models import model_config
 
-    with _environment(env, values.get("model_source")):  # a config that cannot be read: a UserError, for the plan
-        config = model_config(
-            values["model_name_or_path"], values.get("model_revision"), bool(values.get("trust_remote_code"))
-        )
-    config = getattr(config, "text_config", None) or config
     try:
         rows = generation_batch(values, hardware.processes) // hardware.processes
         share = layer_input_share(config, values["per_device_train_batch_size"], rows)

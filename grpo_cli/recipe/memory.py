@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from grpo_cli.engine.estimate import CARDS, GIB, LINEAR_NAMES, Card, Estimate, ModelShape, RunShape, estimate
 from grpo_cli.errors import UserError
-from grpo_cli.recipe.hardware import Hardware, fuses_lora, generation_batch, quantized
+from grpo_cli.recipe.hardware import Hardware, fuses_lora, generation_batch, packing_pays, quantized
 from grpo_cli.recipe.load import Recipe
 
 # The check reads no data: prompts are assumed this long (Countdown's and GSM8K's chat prompts are 100-250 tokens).
@@ -122,7 +122,8 @@ def run_shape(recipe: Recipe, processes: int, accelerate_config: dict | None, sh
     """What one process of the run does on a GPU, from the recipe's resolved keys. Keys the recipe leaves to the
     machine take a GPU's defaults, whatever machine checks it: grpo's sampler (where nothing makes the run fall back
     to TRL's), activation offloading where a micro-batch's layer inputs are a large share of the rollout's cache
-    (`grpo_cli.recipe.hardware.training_sets_the_peak`), `fused_lora` for LoRA (`fuses_lora`) and `flash_attention`."""
+    (`grpo_cli.recipe.hardware.training_sets_the_peak`), `fused_lora` for LoRA (`fuses_lora`), `flash_attention`, and
+    `packed_forward` where the estimate says it pays (`packing_pays`)."""
     from grpo_cli.launch import zero_stage
     from grpo_cli.recipe.check import rollout_path
 
@@ -140,6 +141,9 @@ def run_shape(recipe: Recipe, processes: int, accelerate_config: dict | None, sh
         v["fused_lora"] = fuses_lora(v, Hardware(gpu=True, sharded=bool(stage)))
     if "flash_attention" in machine or "flash_attention" not in recipe.values:
         v["flash_attention"] = True  # `grpo rl`'s GPU default, DeepSpeed or not
+    if "packed_forward" in machine or "packed_forward" not in recipe.values:
+        whole = stage == 0 and not v.get("fsdp")
+        v["packed_forward"] = whole and bool(packing_pays(v, processes, shape))
     modules = v.get("lora_target_modules")
     if modules in (None, []):
         modules = TRL_DEFAULT_LORA_MODULES
@@ -160,6 +164,8 @@ def run_shape(recipe: Recipe, processes: int, accelerate_config: dict | None, sh
         gradient_checkpointing=bool(v.get("gradient_checkpointing")),
         activation_offloading=bool(v.get("activation_offloading")),
         flash_attention=bool(v.get("flash_attention")),
+        packed_forward=bool(v.get("packed_forward")),
+        generations=v["num_generations"],
         zero_stage=stage,
         processes=processes,
         grpo_sampler=rollout_path(v, accelerate_config).startswith("grpo's sampler"),
