@@ -192,8 +192,8 @@ class KernelArguments:
         default=False,
         metadata={
             "help": "`grpo rl`: train each micro-batch without its padding, each prompt once for the completions "
-            "that share it (grpo_cli/engine/packed.py); the same logits and gradients. On by default on one GPU where "
-            "`grpo check`'s estimate says it shortens the step (large models)."
+            "that share it (grpo_cli/engine/packed.py); the same logits and gradients. On by default on a GPU without "
+            "DeepSpeed or FSDP where `grpo check`'s estimate says it shortens the step (large models)."
         },
     )
 

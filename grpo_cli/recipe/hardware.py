@@ -295,7 +295,8 @@ def _shape(config):
     from grpo_cli.engine.estimate import ModelShape
 
     shape = ModelShape.of(config)
-    return None if None in (shape.hidden, shape.layers, shape.heads, shape.head_dim, shape.intermediate) else shape
+    sizes = (shape.hidden, shape.layers, shape.heads, shape.head_dim, shape.intermediate, shape.vocab)
+    return None if None in sizes else shape
 
 
 # The prompt `packing_pays` assumes: the short end of Countdown's and GSM8K's chat prompts (100-250 tokens), since
@@ -312,6 +313,7 @@ def packing_pays(values: dict, processes: int, shape) -> str | None:
     interface: not where `flash_attention` or another attention implementation is asked for."""
     if shape is None or values.get("flash_attention") is False or values.get("attn_implementation") not in (None, "sdpa"):
         return None  # (`flash_attention` unset: on, the GPU default)
+    fused = values["fused_lora"] if "fused_lora" in values else fuses_lora(values, Hardware(gpu=True))
     values = {**{key: spec.get("default") for key, spec in schema.keys("rl").items()}, **values}
     from dataclasses import replace
 
@@ -323,7 +325,7 @@ def packing_pays(values: dict, processes: int, shape) -> str | None:
         prompt_tokens=PACKING_PROMPT_TOKENS,
         completion_tokens=values["max_completion_length"],
         lora_rank=(values.get("lora_r") or 16) if values.get("use_peft") else 0,
-        fused_lora=fuses_lora(values, Hardware(gpu=True, processes=processes)),
+        fused_lora=bool(fused),
         gradient_checkpointing=bool(values.get("gradient_checkpointing")),
         flash_attention=True,
         generations=values["num_generations"],
