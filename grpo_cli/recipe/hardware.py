@@ -239,7 +239,7 @@ def hardware_defaults(
     if values.get("deepspeed"):
         return chosen, notes
     why = packs = None
-    if not (hardware.sharded or values.get("fsdp")):
+    if not (hardware.sharded or values.get("fsdp")) and values.get("model_name_or_path"):
         left_off = "activation_offloading and packed_forward are left off"
         try:
             config = _text_config(values, env or {})
