@@ -257,31 +257,21 @@ def test_an_sft_recipe_with_packed_forward_is_refused(tmp_path):
     check_recipe(load_recipe(None, [*base, "--packed_forward", "true", "--task", "countdown"], "rl"))
 
 
-QWEN_7B = {"hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-           "intermediate_size": 18944, "vocab_size": 152064, "model_type": "qwen2", "tie_word_embeddings": False}  # fmt: skip
-QWEN_05B = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
-            "intermediate_size": 4864, "vocab_size": 151936, "model_type": "qwen2"}  # fmt: skip
-
-
 def test_packed_forward_is_a_gpu_default_where_the_estimate_says_it_shortens_the_step(tmp_path):
     """At the 7B shape with LoRA and micro-batches of 8 (a prompt's completions in each), the prompts it computes once
     outweigh what laying out each micro-batch costs; at 0.5B, whose micro-batches are bound by their launches, they do
     not. Never where the recipe turns FlashAttention or the packing off, asks for another attention, under DeepSpeed,
     on the CPU, or for `grpo sft`; `grpo check`'s estimate counts it as the run will have it."""
-    import json
-
     from grpo_cli.engine.estimate import CARDS, ModelShape, RunShape, estimate, trained_tokens
     from grpo_cli.recipe.hardware import Hardware, hardware_defaults
     from grpo_cli.recipe.load import load_recipe
     from grpo_cli.recipe.memory import run_shape
+    from tests.test_estimate import QWEN_05B, QWEN_7B, local_model_recipe
 
-    def model(name, config):
-        folder = tmp_path / name
-        folder.mkdir()
-        (folder / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen2ForCausalLM"]}))
-        return str(folder)
-
-    big, small = model("7b", QWEN_7B), model("05b", QWEN_05B)
+    for name, config in (("7b", QWEN_7B), ("05b", QWEN_05B)):
+        (tmp_path / name).mkdir()
+        local_model_recipe(tmp_path / name, config, "")  # its model folder: config.json only
+    big, small = str(tmp_path / "7b" / "model"), str(tmp_path / "05b" / "model")
     lora = {"use_peft": True, "lora_r": 16, "gradient_checkpointing": True, "per_device_train_batch_size": 8,
             "gradient_accumulation_steps": 16, "num_generations": 8, "max_completion_length": 1024}  # fmt: skip
     gpu = Hardware(gpu=True)

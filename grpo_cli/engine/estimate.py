@@ -125,6 +125,11 @@ class ModelShape:
             qkv_bias=get("model_type") == "qwen2" or bool(get("attention_bias", False)),
         )
 
+    @property
+    def complete(self) -> bool:
+        """Whether the config gave every size the estimate reads."""
+        return None not in (self.hidden, self.layers, self.heads, self.head_dim, self.intermediate, self.vocab)
+
     def projection_sizes(self) -> dict[str, tuple[int, int]]:
         """(inputs, outputs) of each linear projection in a layer."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim

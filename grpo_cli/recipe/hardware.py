@@ -242,7 +242,7 @@ def hardware_defaults(
     if not (hardware.sharded or values.get("fsdp")) and values.get("model_name_or_path"):
         left_off = "activation_offloading and packed_forward are left off"
         try:
-            config = _text_config(values, env or {})
+            config = model_text_config(values, env or {})
         except UserError as err:
             notes.append(f"{left_off}: {err}")
         except Exception as err:  # noqa: BLE001 - a config transformers cannot read: the run's loading says why
@@ -277,16 +277,15 @@ def generation_batch(values: dict, num_processes: int) -> int:
     return values.get("per_device_train_batch_size") * num_processes * steps
 
 
-def _text_config(values: dict, env: dict):
-    """The model's config (its text part for multimodal ones) from `grpo_cli.models.model_config`: nothing loaded,
-    converted or downloaded but config.json, under the recipe's `env:` (a Hub mirror, a cache folder); one that
-    cannot be read is a UserError."""
+def model_text_config(values: dict, env: dict):
+    """The recipe's model's config (its text part for multimodal ones) from `grpo_cli.models.model_config`: nothing
+    loaded, converted or downloaded but config.json (a local folder, a prepared demo model, or the Hub), under the
+    recipe's `env:` (a Hub mirror, a cache folder); one that cannot be read is a UserError."""
     from grpo_cli.models import model_config
 
+    name = str(values.get("model_name_or_path") or "")
     with _environment(env, values.get("model_source")):
-        config = model_config(
-            values["model_name_or_path"], values.get("model_revision"), bool(values.get("trust_remote_code"))
-        )
+        config = model_config(name, values.get("model_revision"), bool(values.get("trust_remote_code")))
     return getattr(config, "text_config", None) or config
 
 
@@ -295,8 +294,12 @@ def _shape(config):
     from grpo_cli.engine.estimate import ModelShape
 
     shape = ModelShape.of(config)
-    sizes = (shape.hidden, shape.layers, shape.heads, shape.head_dim, shape.intermediate, shape.vocab)
-    return None if None in sizes else shape
+    return shape if shape.complete else None
+
+
+def _with_rl_defaults(values: dict) -> dict:
+    """`values` with every `grpo rl` key it leaves unset at its schema default."""
+    return {**{key: spec.get("default") for key, spec in schema.keys("rl").items()}, **values}
 
 
 # The prompt `packing_pays` assumes: the short end of Countdown's and GSM8K's chat prompts (100-250 tokens), since
@@ -314,7 +317,7 @@ def packing_pays(values: dict, processes: int, shape) -> str | None:
     if shape is None or values.get("flash_attention") is False or values.get("attn_implementation") not in (None, "sdpa"):
         return None  # (`flash_attention` unset: on, the GPU default)
     fused = values["fused_lora"] if "fused_lora" in values else fuses_lora(values, Hardware(gpu=True))
-    values = {**{key: spec.get("default") for key, spec in schema.keys("rl").items()}, **values}
+    values = _with_rl_defaults(values)
     from dataclasses import replace
 
     from grpo_cli.engine.estimate import CARDS, RunShape, estimate
@@ -343,7 +346,7 @@ def training_sets_the_peak(values: dict, hardware: Hardware, config) -> str | No
     checkpointing is on and a micro-batch's layer inputs are a large share of the rollout's KV cache (half of it
     with full fine-tuning, whose weight gradients add to the forward/backward's side; all of it with LoRA), from the
     model's `config`."""
-    values = {**{key: spec.get("default") for key, spec in schema.keys("rl").items()}, **values}
+    values = _with_rl_defaults(values)
     if not values.get("gradient_checkpointing"):
         return None
     from grpo_cli.engine.offload import layer_input_share

@@ -12,7 +12,14 @@ from dataclasses import dataclass, field, replace
 
 from grpo_cli.engine.estimate import CARDS, GIB, LINEAR_NAMES, Card, Estimate, ModelShape, RunShape, estimate
 from grpo_cli.errors import UserError
-from grpo_cli.recipe.hardware import Hardware, fuses_lora, generation_batch, packing_pays, quantized
+from grpo_cli.recipe.hardware import (
+    Hardware,
+    fuses_lora,
+    generation_batch,
+    model_text_config,
+    packing_pays,
+    quantized,
+)
 from grpo_cli.recipe.load import Recipe
 
 # The check reads no data: prompts are assumed this long (Countdown's and GSM8K's chat prompts are 100-250 tokens).
@@ -104,16 +111,9 @@ def _known(name: str) -> Card | None:
 
 def model_shape(recipe: Recipe) -> ModelShape:
     """The recipe's model's shape from its config.json (a local folder, a prepared demo model, or the Hub)."""
-    from grpo_cli.models import model_config
-    from grpo_cli.recipe.hardware import _environment
-
-    name = str(recipe.values.get("model_name_or_path") or "")
-    with _environment(dict(recipe.env), recipe.values.get("model_source")):
-        config = model_config(
-            name, recipe.values.get("model_revision"), bool(recipe.values.get("trust_remote_code"))
-        )
-    shape = ModelShape.of(config)
-    if None in (shape.hidden, shape.layers, shape.heads, shape.head_dim, shape.intermediate, shape.vocab):
+    shape = ModelShape.of(model_text_config(recipe.values, dict(recipe.env)))
+    if not shape.complete:
+        name = recipe.values.get("model_name_or_path")
         raise UserError(f"{name}'s config is not a decoder the prediction knows (hidden, layers, heads, MLP sizes)")
     return shape
 
